@@ -1,0 +1,116 @@
+"""Every attribute, event and span name the project reads or writes, in one place.
+
+The GenAI names are pinned here rather than imported from ``opentelemetry-semantic-conventions``:
+those constants are marked as moved and lag the GenAI repository (no ``cache_write``, for one).
+"""
+
+from __future__ import annotations
+
+# --- GenAI semantic conventions (gen_ai.*) --------------------------------------------------------
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_SYSTEM = "gen_ai.system"  # deprecated alias of provider.name, still emitted by older code
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_AGENT_ID = "gen_ai.agent.id"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
+GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
+GEN_AI_TOOL_DEFINITIONS = "gen_ai.tool.definitions"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS = "gen_ai.usage.cache_write.input_tokens"
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"  # older name
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"
+GEN_AI_USAGE_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"  # deprecated (OpenLLMetry legacy)
+GEN_AI_USAGE_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"  # deprecated
+ERROR_TYPE = "error.type"
+
+# gen_ai.operation.name values we emit or classify
+OP_INVOKE_AGENT = "invoke_agent"
+OP_CHAT = "chat"
+OP_EXECUTE_TOOL = "execute_tool"
+MODEL_OPERATIONS = frozenset({"chat", "generate_content", "text_completion"})
+
+# GenAI log-based event carrying inference content
+EVENT_INFERENCE_DETAILS = "gen_ai.client.inference.operation.details"
+
+# --- otel-agenttape (agenttape.*) -----------------------------------------------------------------
+RUN_ID = "agenttape.run.id"
+SESSION_ID = "agenttape.session.id"
+PARENT_RUN_ID = "agenttape.parent_run.id"
+RUN_STATUS = "agenttape.run.status"
+TURN_ID = "agenttape.turn.id"
+STEP = "agenttape.step"
+NODE_TYPE = "agenttape.node.type"  # "model" | "tool"
+NODE_ID = "agenttape.node.id"  # "model@<run>|<turn>|<step>" / "tool@<run>|<turn>|<step>|<call>"
+RECORD_ID = "agenttape.record.id"
+MODEL_RAW_OUTPUT = "agenttape.model.raw_output"
+MODEL_OUTPUT_TEXT = "agenttape.model.output_text"
+MODEL_REASONING = "agenttape.model.reasoning"
+MODEL_RETRY_COUNT = "agenttape.model.retry_count"
+TOOL_ERROR = "agenttape.tool.error"
+
+# Truncation evidence: for a payload attribute K that had to be cut, these record the original.
+PAYLOAD_LENGTH_SUFFIX = ".agenttape.length"  # K + suffix: original length in UTF-8 bytes
+PAYLOAD_SHA256_SUFFIX = ".agenttape.sha256"  # K + suffix: sha256 hex of the original UTF-8 bytes
+TRUNCATED = "agenttape.truncated"  # string[]: keys of attributes that were cut
+
+# Span events on node spans
+EVENT_TEXT = "agenttape.text"
+EVENT_REASONING = "agenttape.reasoning"
+EVENT_RETRY = "agenttape.retry"
+EVENT_METADATA = "agenttape.metadata"
+EVENT_SEQ = "agenttape.seq"
+EVENT_SEGMENT = "agenttape.segment"
+EVENT_REASON = "agenttape.reason"
+
+# Run terminal statuses
+STATUS_COMPLETED = "completed"
+STATUS_ERROR = "error"
+STATUS_CANCELLED = "cancelled"
+STATUS_TRUNCATED = "truncated"
+RUN_STATUSES = (STATUS_COMPLETED, STATUS_ERROR, STATUS_CANCELLED, STATUS_TRUNCATED)
+
+# Integrity chain (excluded from the canonical leaf: they are its output)
+CHAIN_PREFIX = "agenttape.chain."
+CHAIN_ID = "agenttape.chain.id"
+CHAIN_SEQ = "agenttape.chain.seq"
+CHAIN_PREV = "agenttape.chain.prev"
+CHAIN_HASH = "agenttape.chain.hash"
+CHAIN_EPOCH = "agenttape.chain.epoch"
+
+# Checkpoints (exported as log records)
+EVENT_CHECKPOINT = "agenttape.checkpoint"
+CHECKPOINT_NOTE = "agenttape.checkpoint.note"
+
+# --- Foreign conventions read on ingest ----------------------------------------------------------
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
+OI_INPUT_VALUE = "input.value"
+OI_OUTPUT_VALUE = "output.value"
+OI_LLM_MODEL_NAME = "llm.model_name"
+OI_LLM_INPUT_MESSAGES = "llm.input_messages"
+OI_LLM_OUTPUT_MESSAGES = "llm.output_messages"
+OI_TOKEN_PROMPT = "llm.token_count.prompt"
+OI_TOKEN_COMPLETION = "llm.token_count.completion"
+OI_TOOL_NAME = "tool.name"
+TRACELOOP_ENTITY_NAME = "traceloop.entity.name"
+TRACELOOP_ENTITY_INPUT = "traceloop.entity.input"
+TRACELOOP_ENTITY_OUTPUT = "traceloop.entity.output"
+TRACELOOP_SPAN_KIND = "traceloop.span.kind"
+LEGACY_PROMPT_PREFIX = "gen_ai.prompt."
+LEGACY_COMPLETION_PREFIX = "gen_ai.completion."
