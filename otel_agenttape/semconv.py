@@ -114,3 +114,16 @@ TRACELOOP_ENTITY_OUTPUT = "traceloop.entity.output"
 TRACELOOP_SPAN_KIND = "traceloop.span.kind"
 LEGACY_PROMPT_PREFIX = "gen_ai.prompt."
 LEGACY_COMPLETION_PREFIX = "gen_ai.completion."
+
+# Integrity: keys whose live value OTLP cannot carry and that the sealer replaced before hashing
+INTEGRITY_COERCED = "agenttape.integrity.coerced"
+# Checkpoint span (named EVENT_CHECKPOINT) attributes: the note is self-describing, these help queries
+CHECKPOINT_ORIGIN = "agenttape.checkpoint.origin"
+CHECKPOINT_SIZE = "agenttape.checkpoint.size"
+CHECKPOINT_KEY = "agenttape.checkpoint.key"  # verifier key (vkey) of the signer
+
+# Resume: node spans recorded through a resumable client carry their resume key, so an index can be
+# rebuilt from the tape store (or OTLP files) with the very keys the live run used.
+RESUME_KEY = "agenttape.resume.key"  # "<tape>|<kind>|<sha256 of canonical request>|<occurrence>"
+RESUME_POSITION = "agenttape.resume.position"  # ordinal of the call among calls of its kind in the run
+RESUME_RESULT_ENCODING = "agenttape.resume.result_encoding"  # "text" (verbatim string) | "json"
