@@ -29,6 +29,171 @@ def default_db() -> str:
     return _env("DB", "./agenttape.duckdb") or "./agenttape.duckdb"
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the OTLP receiver in the foreground until SIGINT/SIGTERM."""
+    import signal
+
+    from otel_agenttape.receiver.server import TapeServer, read_discovery
+
+    holder = read_discovery(args.db)
+    if holder is not None and holder.get("pid") != os.getpid():
+        raise CliError(f"{args.db} is already served by pid {holder['pid']} at {holder.get('url')}")
+    server = TapeServer(
+        args.db,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        parquet_dir=args.parquet_dir,
+        token=args.token,
+        ingest_workers=args.ingest_workers,
+        warm_workers=True,
+    )
+    try:
+        server.start()
+    except OSError as exc:
+        raise CliError(f"cannot start the receiver: {exc}") from None
+    signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: server.request_stop())
+    msg = (
+        f"agenttape serve: OTLP/HTTP {server.url}  OTLP/gRPC {args.host}:{server.grpc_port}  db {args.db}"
+        + (f"  parquet {args.parquet_dir}" if args.parquet_dir else "")
+        + (f"  (replayed {server.replayed_records} WAL records)" if server.replayed_records else "")
+    )
+    if args.json:
+        import json
+
+        msg = json.dumps({"url": server.url, "http_port": server.http_port, "grpc_port": server.grpc_port,
+                          "db": args.db, "pid": os.getpid(), "replayed": server.replayed_records})
+    print(msg, flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.stop()
+    return EXIT_OK
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    """Load OTLP files (JSON, JSON lines, protobuf, .gz) into the store, or into the server holding it."""
+    import json
+
+    from otel_agenttape.receiver.files import ingest_files
+
+    try:
+        summary = ingest_files(args.files, args.db, signal=args.signal)
+    except (OSError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"ingested {summary['spans']} spans and {summary['logs']} log records from {summary['files']} file(s)"
+            f" into {summary['target']}; {summary['rejected']} rejected"
+            + (f" ({summary['message']})" if summary["message"] else "")
+        )
+    return EXIT_FAILED if summary["rejected"] else EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Print a recorded run's ordered step stream."""
+    from otel_agenttape.tape.commands import cmd_show as run
+
+    return run(args)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Rebuild a run (``--tree``: with its child runs) from the store, with no model call."""
+    from otel_agenttape.tape.commands import cmd_replay as run
+
+    return run(args)
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """Show the first node where two runs diverge."""
+    from otel_agenttape.tape.commands import cmd_diff as run
+
+    return run(args)
+
+
+def cmd_dataset(args: argparse.Namespace) -> int:
+    """Export completed runs as OpenAI chat fine-tuning JSONL."""
+    from otel_agenttape.tape.commands import cmd_dataset as run
+
+    return run(args)
+
+
+def _store_call(fn: object, *a: object, **kw: object) -> int:
+    from otel_agenttape.store.reader import StoreError
+
+    try:
+        return int(fn(*a, **kw))  # type: ignore[operator]
+    except (StoreError, FileExistsError, OSError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """List recorded runs, newest first."""
+    from otel_agenttape.store import commands
+
+    return _store_call(commands.runs, args.db, limit=args.limit, as_json=args.json)
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    """Run one read-only SQL query against the store."""
+    from otel_agenttape.store import commands
+
+    fmt = "json" if args.json else "csv" if args.csv else "text"
+    return _store_call(commands.sql, args.db, args.query, fmt=fmt)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export the store to a Parquet lake (Hive-partitioned by date, zstd)."""
+    from otel_agenttape.store import commands
+
+    return _store_call(commands.export, args.db, args.dir, overwrite=args.overwrite, as_json=args.json)
+
+
+def _tape_source_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=default_db(), help="DuckDB tape store (env AGENTTAPE_DB)")
+    p.add_argument("--parquet", metavar="DIR", default=None, help="read a Parquet lake instead of --db")
+    p.add_argument("--otlp", metavar="FILE", nargs="+", default=None,
+                   help="read OTLP files (JSON, JSON lines, protobuf, .gz) instead of --db")
+
+
+def cmd_resume_index(args: argparse.Namespace) -> int:
+    """Rebuild a run's resume index from the store (or OTLP files) into a JSON file."""
+    from otel_agenttape.tape.resume_index import cmd_resume_index as run
+
+    return run(args)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """Create an Ed25519 checkpoint signing key (PREFIX.key) and its public key (PREFIX.pub)."""
+    from otel_agenttape.tape.verification import cmd_keygen as run
+
+    return run(args)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Verify every sealed tape (chains, gaps, Merkle roots, signed checkpoints); exit 1 on a failure."""
+    from otel_agenttape.tape.verification import cmd_verify as run
+
+    return run(args)
+
+
+def cmd_prove(args: argparse.Namespace) -> int:
+    """Write a self-contained proof (leaf, inclusion proof, signed checkpoint) for one span."""
+    from otel_agenttape.tape.verification import cmd_prove as run
+
+    return run(args)
+
+
+def cmd_verify_proof(args: argparse.Namespace) -> int:
+    """Check a proof file offline against a public key."""
+    from otel_agenttape.tape.verification import cmd_verify_proof as run
+
+    return run(args)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agenttape",
@@ -37,6 +202,114 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     # Subcommands register themselves below (one block each).
+    p = sub.add_parser("serve", help="run the OTLP receiver (gRPC + HTTP) writing to the tape store")
+    p.add_argument("--db", default=default_db(), help="DuckDB file (env AGENTTAPE_DB)")
+    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="bind address (env AGENTTAPE_HOST)")
+    p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", "4318") or 4318),
+                   help="OTLP/HTTP port, 0 = any free port (env AGENTTAPE_HTTP_PORT)")
+    p.add_argument("--grpc-port", type=int, default=int(_env("GRPC_PORT", "4317") or 4317),
+                   help="OTLP/gRPC port, 0 = any free port (env AGENTTAPE_GRPC_PORT)")
+    p.add_argument("--parquet-dir", default=_env("PARQUET_DIR"), help="also write a Parquet lake here")
+    p.add_argument("--token", default=_env("TOKEN"), help="require Authorization: Bearer TOKEN (env AGENTTAPE_TOKEN)")
+    p.add_argument("--ingest-workers", type=int, default=None, metavar="N",
+                   help="processes converting large backlogs to rows (default: one per core, max 4; 0: none)")
+    p.add_argument("--json", action="store_true", help="print the startup line as JSON")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("ingest", help="load OTLP JSON / JSON lines / protobuf files (.gz too) into the store")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--db", default=default_db(), help="DuckDB file (env AGENTTAPE_DB)")
+    p.add_argument("--signal", choices=["traces", "logs"], default=None,
+                   help="what a protobuf file holds (default: logs if its name contains 'log')")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("show", help="print a recorded run's ordered step stream")
+    p.add_argument("run", metavar="RUN", help="run id (or the trace id of another instrumentation's run)")
+    p.add_argument("--json", action="store_true", help="steps as JSON")
+    _tape_source_args(p)
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("replay", help="rebuild a run (prompt, output, tool calls) with no model call")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--tree", action="store_true", help="include every child run (multi-agent)")
+    p.add_argument("--json", action="store_true", help="print the replay JSON contract (docs/replay.md)")
+    _tape_source_args(p)
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("diff", help="show the first node where two runs diverge (exit 1 when they do)")
+    p.add_argument("run_a", metavar="RUN_A")
+    p.add_argument("run_b", metavar="RUN_B")
+    p.add_argument("--json", action="store_true")
+    _tape_source_args(p)
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("dataset", help="export completed runs as OpenAI chat fine-tuning JSONL")
+    p.add_argument("out", metavar="OUT.jsonl", help="output file ('-' for stdout)")
+    p.add_argument("--agent", default=None, help="only runs of this agent")
+    p.add_argument("--model", default=None, help="only runs that used this model")
+    p.add_argument("--since", default=None, metavar="T", help="only runs started at or after T (ISO date/time)")
+    p.add_argument("--json", action="store_true", help="also print the counts as JSON")
+    _tape_source_args(p)
+    p.set_defaults(func=cmd_dataset)
+
+    p = sub.add_parser("runs", help="list recorded runs, newest first")
+    p.add_argument("--db", default=default_db(), help="DuckDB file or Parquet lake folder (env AGENTTAPE_DB)")
+    p.add_argument("--limit", type=int, default=20, help="how many runs (default 20)")
+    p.add_argument("--json", action="store_true", help="print a JSON array")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("sql", help="run one read-only SQL query (tables and views: docs/schema.md)")
+    p.add_argument("query", metavar="QUERY")
+    p.add_argument("--db", default=default_db(), help="DuckDB file or Parquet lake folder (env AGENTTAPE_DB)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print a JSON array")
+    fmt.add_argument("--csv", action="store_true", help="print CSV with a header row")
+    p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("export", help="export the store (export parquet DIR)")
+    what = p.add_subparsers(dest="format", metavar="FORMAT")
+    what.required = True
+    q = what.add_parser("parquet", help="write a Parquet lake: DIR/<table>/date=YYYY-MM-DD/*.parquet, zstd")
+    q.add_argument("dir", metavar="DIR")
+    q.add_argument("--db", default=default_db(), help="DuckDB file (env AGENTTAPE_DB)")
+    q.add_argument("--overwrite", action="store_true", help="replace table folders already in DIR")
+    q.add_argument("--json", action="store_true", help="print the row counts as JSON")
+    q.set_defaults(func=cmd_export)
+    p = sub.add_parser("resume-index", help="rebuild a run's resume index (JSON) from the store or OTLP files")
+    p.add_argument("run", metavar="RUN", help="run id")
+    p.add_argument("--out", required=True, metavar="FILE", help="JSON file for ResumeIndex.load_json")
+    p.add_argument("--db", default=default_db(), help="DuckDB tape store (env AGENTTAPE_DB)")
+    p.add_argument("--parquet", metavar="DIR", default=None, help="read a Parquet lake instead of --db")
+    p.add_argument("--otlp", metavar="FILE", nargs="+", default=None, help="read OTLP files instead of --db")
+    p.add_argument("--json", action="store_true", help="print the entry counts as JSON")
+    p.set_defaults(func=cmd_resume_index)
+
+    p = sub.add_parser("keygen", help="create an Ed25519 key that signs tape checkpoints")
+    p.add_argument("--out", default="agenttape", metavar="PREFIX", help="writes PREFIX.key and PREFIX.pub")
+    p.add_argument("--name", default=None, help="key name (default agenttape.<host>)")
+    p.add_argument("--force", action="store_true", help="replace existing key files")
+    p.set_defaults(func=cmd_keygen)
+    for name, helptext, func in (
+        ("verify", "verify sealed tapes: chains, gaps, Merkle roots, checkpoints (exit 1 on failure)", cmd_verify),
+        ("prove", "write a self-contained proof that one span is in its signed tape", cmd_prove),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        if name == "prove":
+            p.add_argument("span_id", metavar="SPAN_ID")
+            p.add_argument("--out", required=True, metavar="FILE")
+        else:
+            p.add_argument("--run", default=None, metavar="ID", help="only the tape of this run")
+            p.add_argument("--json", action="store_true", help="one JSON object per chain")
+        p.add_argument("--key", action="append", metavar="PUB", help="trusted public key (file or vkey)")
+        p.add_argument("--checkpoints", action="append", metavar="FILE", help="local checkpoint file (JSON lines)")
+        _tape_source_args(p)
+        p.set_defaults(func=func)
+    p = sub.add_parser("verify-proof", help="check a proof file offline against a public key")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--key", action="append", metavar="PUB", help="trusted public key (file or vkey)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_verify_proof)
     return parser
 
 
@@ -53,4 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run through the imported module so command modules and this block share one CliError class.
+    from otel_agenttape.cli import main as _main
+
+    sys.exit(_main())

@@ -127,3 +127,31 @@ CHECKPOINT_KEY = "agenttape.checkpoint.key"  # verifier key (vkey) of the signer
 RESUME_KEY = "agenttape.resume.key"  # "<tape>|<kind>|<sha256 of canonical request>|<occurrence>"
 RESUME_POSITION = "agenttape.resume.position"  # ordinal of the call among calls of its kind in the run
 RESUME_RESULT_ENCODING = "agenttape.resume.result_encoding"  # "text" (verbatim string) | "json"
+RESUME_DELTAS = "agenttape.resume.deltas"  # JSON list of a streamed call's recorded deltas (SDK chunks)
+
+# --- Foreign conventions read when rebuilding tapes (tape/foreign.py) ----------------------------
+OI_INPUT_MIME_TYPE = "input.mime_type"
+OI_OUTPUT_MIME_TYPE = "output.mime_type"
+OI_SESSION_ID = "session.id"
+OI_AGENT_NAME = "agent.name"
+OI_TOOL_ID = "tool.id"
+OI_LLM_TOOLS = "llm.tools"  # llm.tools.N.tool.json_schema
+OI_LLM_PROVIDER = "llm.provider"
+OI_LLM_SYSTEM = "llm.system"
+OI_LLM_REQUEST_MODEL_NAME = "llm.request.model_name"
+OI_LLM_RESPONSE_MODEL_NAME = "llm.response.model_name"
+OI_LLM_FINISH_REASON = "llm.finish_reason"
+OI_TOKEN_CACHE_READ = "llm.token_count.prompt_details.cache_read"
+OI_TOKEN_CACHE_WRITE = "llm.token_count.prompt_details.cache_write"
+OI_TOKEN_REASONING = "llm.token_count.completion_details.reasoning"
+LLM_REQUEST_TYPE = "llm.request.type"  # OpenLLMetry legacy: chat | completion | ...
+LLM_REQUEST_FUNCTIONS_PREFIX = "llm.request.functions."  # OpenLLMetry legacy tool definitions
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS_LEGACY = "gen_ai.usage.cache_read_input_tokens"
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS_LEGACY = "gen_ai.usage.cache_creation_input_tokens"
+# Deprecated per-message GenAI log events (still emitted by opentelemetry-instrumentation-openai-v2)
+EVENT_SYSTEM_MESSAGE = "gen_ai.system.message"
+EVENT_USER_MESSAGE = "gen_ai.user.message"
+EVENT_ASSISTANT_MESSAGE = "gen_ai.assistant.message"
+EVENT_TOOL_MESSAGE = "gen_ai.tool.message"
+EVENT_CHOICE = "gen_ai.choice"
+LOG_EVENT_NAME = "event.name"  # event name as a log attribute (older Logs API emitters)

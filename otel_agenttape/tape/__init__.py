@@ -1,1 +1,60 @@
-"""tape package."""
+"""Tapes rebuilt from the store: runs, run trees, node replay, cassettes, datasets.
+
+Everything here reads stored spans (ours or another instrumentation's) through a reader with
+``query(sql, params) -> pyarrow.Table``; nothing needs the live objects that produced them.
+"""
+
+from __future__ import annotations
+
+from .cassette import Cassette, ReplayModelClient, ReplayStream, ReplayToolExecutor
+from .dataset import DatasetResult, example, export_dataset
+from .diff import RunDiff, diff_runs
+from .model import Message, Node, Run, RunTree, Step, ToolCall, Usage
+from .rebuild import RunNotFound, RunRef, iter_runs, list_runs, reconstruct, reconstruct_tree
+from .replay import (
+    ModelResult,
+    RecordedToolError,
+    TruncatedPayloadError,
+    recorded_failure,
+    replay_model_live,
+    replay_model_mock,
+    replay_tool_live,
+    replay_tool_mock,
+)
+from .sources import SourceError, load_otlp_files, open_source
+
+__all__ = [
+    "Cassette",
+    "DatasetResult",
+    "Message",
+    "ModelResult",
+    "Node",
+    "RecordedToolError",
+    "ReplayModelClient",
+    "ReplayStream",
+    "ReplayToolExecutor",
+    "Run",
+    "RunDiff",
+    "RunNotFound",
+    "RunRef",
+    "RunTree",
+    "SourceError",
+    "Step",
+    "ToolCall",
+    "TruncatedPayloadError",
+    "Usage",
+    "diff_runs",
+    "example",
+    "export_dataset",
+    "iter_runs",
+    "list_runs",
+    "load_otlp_files",
+    "open_source",
+    "reconstruct",
+    "reconstruct_tree",
+    "recorded_failure",
+    "replay_model_live",
+    "replay_model_mock",
+    "replay_tool_live",
+    "replay_tool_mock",
+]

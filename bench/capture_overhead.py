@@ -1,0 +1,148 @@
+"""CPU cost per span of capture vs the plain OpenTelemetry SDK, side by side in one run.
+
+(a) plain: TracerProvider + BatchSpanProcessor + OTLP/HTTP exporter, writing by hand the same span a
+    capture model call produces (same name, kind, attributes, ~2.7 KB).
+(b) agenttape: ``otel_agenttape.setup(endpoint=...)`` (default pipeline, sealed when the sealing module
+    is present) with ``run.model_call(...)`` + ``call.finish(...)`` per span.
+
+Both export over OTLP/HTTP to a sink server in a separate process (its CPU is not counted). CPU is this
+process's user+system time (all threads: span creation, processors, encoding, HTTP) per exported span.
+Rounds alternate a/b; the median round is reported. Last line:
+``capture ratio=R plain_us=A agenttape_us=B``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+
+SINK = textwrap.dedent("""
+    import sys
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    class H(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+        def log_message(self, *a): pass
+    s = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    print(s.server_address[1], flush=True)
+    s.serve_forever()
+""")
+
+MESSAGES = [
+    {"role": "system", "content": "You are a careful planning agent. Use tools when they help. " * 4},
+    {"role": "user", "content": "Plan a three-day trip to Lisbon in May with a budget of 1500 EUR, "
+                                "including museums, food and one day trip. " * 3},
+    {"role": "assistant", "content": "I will look up flights and hotels first."},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"flights": [{"price": 220}, {"price": 260}]}'},
+]
+TEXT = ("Day 1: Alfama walk, Castelo de Sao Jorge, dinner in Bairro Alto. "
+        "Day 2: Belem tower, Jeronimos, pasteis. Day 3: Sintra day trip. ") * 2
+RAW = {"id": "chatcmpl-123", "model": "gpt-4o-2024-08-06", "object": "chat.completion",
+       "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": TEXT}}],
+       "usage": {"prompt_tokens": 412, "completion_tokens": 96, "total_tokens": 508}}
+
+
+def start_sink() -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def capture_once(tape, run) -> None:
+    with run.model_call(model="gpt-4o", provider="openai", messages=MESSAGES, temperature=0.2) as call:
+        call.finish(raw=RAW)
+
+
+def template_span():
+    """The span (b) produces, captured once in memory, to be written by hand in (a)."""
+    import otel_agenttape
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tape = otel_agenttape.setup(exporter=exporter, seal=False)
+    with tape.run(agent="bench") as run:
+        capture_once(tape, run)
+    tape.force_flush()
+    span = next(s for s in exporter.get_finished_spans() if s.name.startswith("chat"))
+    tape.shutdown()
+    return span.name, span.kind, dict(span.attributes)
+
+
+def bench_plain(endpoint: str, n: int, template) -> float:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    name, kind, attrs = template
+    provider = TracerProvider()
+    # Queue sized for the round so the plain SDK does not drop (a drop would skip its encoding cost).
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint + "/v1/traces"),
+                                                   max_queue_size=max(n + 1, 2048)))
+    tracer = provider.get_tracer("bench")
+    t0 = time.process_time()
+    with tracer.start_as_current_span("invoke_agent bench"):
+        for _ in range(n):
+            with tracer.start_as_current_span(name, kind=kind) as span:
+                span.set_attributes(attrs)
+    provider.force_flush()
+    cpu = time.process_time() - t0
+    provider.shutdown()
+    return cpu * 1e6 / (n + 1)
+
+
+def bench_capture(endpoint: str, n: int, seal: bool = True) -> tuple[float, dict]:
+    import otel_agenttape
+
+    tape = otel_agenttape.setup(endpoint=endpoint, seal=seal)
+    t0 = time.process_time()
+    with tape.run(agent="bench") as run:
+        for _ in range(n):
+            capture_once(tape, run)
+    tape.force_flush()
+    cpu = time.process_time() - t0
+    tape.shutdown()
+    stats = tape.stats()
+    # With sealing active, signed checkpoint spans are exported on top of the n + 1 agent spans.
+    if stats["spans_exported"] < n + 1 or stats["spans_dropped_queue_full"] or stats["spans_export_failed"]:
+        raise SystemExit(f"capture exported {stats['spans_exported']} of {n + 1} spans: {stats}")
+    return cpu * 1e6 / (n + 1), stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spans", type=int, default=2000, help="spans per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-seal", action="store_true", help="measure capture without the sealing processor")
+    args = parser.parse_args()
+    seal = not args.no_seal
+    sink, endpoint = start_sink()
+    try:
+        template = template_span()
+        size = sum(len(k) + len(str(v)) for k, v in template[2].items())
+        print(f"span: {template[0]!r}, {len(template[2])} attributes, ~{size} bytes of attribute data")
+        bench_plain(endpoint, 200, template)  # warm up both paths
+        bench_capture(endpoint, 200, seal)
+        plain, ours = [], []
+        stats: dict = {}
+        for i in range(args.rounds):
+            a = bench_plain(endpoint, args.spans, template)
+            b, stats = bench_capture(endpoint, args.spans, seal)
+            plain.append(a)
+            ours.append(b)
+            print(f"round {i + 1}: plain_us={a:.1f} agenttape_us={b:.1f} ratio={b / a:.3f}")
+        print(f"sealing_active={stats.get('sealing_active')} drops={stats.get('spans_dropped_queue_full')} "
+              f"exported_per_round={stats.get('spans_exported')} (agent spans {args.spans + 1})")
+        a, b = statistics.median(plain), statistics.median(ours)
+        print(f"capture ratio={b / a:.3f} plain_us={a:.1f} agenttape_us={b:.1f}")
+    finally:
+        sink.terminate()
+        sink.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,404 @@
+"""The span processor chain: redact foreign content -> seal -> queue -> export, nothing raised.
+
+``build_processor_chain`` is the single place that decides the order, so the sealing processor
+(``otel_agenttape.capture.sealing.SealingSpanProcessor``) is connected here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, attach, detach, set_value
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from otel_agenttape import semconv as sc
+from otel_agenttape.capture.listener import SCOPE_NAME
+from otel_agenttape.capture.redact import Redactor
+from otel_agenttape.capture.stats import CaptureStats
+
+DEFAULT_MAX_QUEUE_SIZE = 8192
+DEFAULT_MAX_EXPORT_BATCH_SIZE = 512
+DEFAULT_SCHEDULE_DELAY_MILLIS = 200
+DEFAULT_ENQUEUE_TIMEOUT_MILLIS = 5000
+
+# Content attributes of other instrumentations (GenAI, OpenInference, OpenLLMetry) that redaction covers.
+CONTENT_KEYS = frozenset({
+    sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES, sc.GEN_AI_SYSTEM_INSTRUCTIONS,
+    sc.GEN_AI_TOOL_CALL_ARGUMENTS, sc.GEN_AI_TOOL_CALL_RESULT, sc.MODEL_RAW_OUTPUT, sc.MODEL_OUTPUT_TEXT,
+    sc.MODEL_REASONING, sc.TOOL_ERROR, sc.OI_INPUT_VALUE, sc.OI_OUTPUT_VALUE,
+    sc.TRACELOOP_ENTITY_INPUT, sc.TRACELOOP_ENTITY_OUTPUT,
+})
+CONTENT_PREFIXES = (sc.LEGACY_PROMPT_PREFIX, sc.LEGACY_COMPLETION_PREFIX, sc.OI_LLM_INPUT_MESSAGES,
+                    sc.OI_LLM_OUTPUT_MESSAGES)
+
+
+class QueueingSpanProcessor(SpanProcessor):
+    """Batching export with a bounded queue that blocks (with a timeout) instead of dropping.
+
+    The SDK's BatchSpanProcessor drops the oldest span when its 2048-slot queue is full, which loses
+    about 29% of a 5,000-span burst. Here a full queue makes the producer wait up to
+    ``enqueue_timeout_millis`` for the worker to make room, but only while the exporter is healthy: once
+    an export fails, a full queue drops (counted) rather than stall the agent behind a dead backend.
+    """
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        stats: CaptureStats | None = None,
+        max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
+        max_export_batch_size: int = DEFAULT_MAX_EXPORT_BATCH_SIZE,
+        schedule_delay_millis: float = DEFAULT_SCHEDULE_DELAY_MILLIS,
+        enqueue_timeout_millis: float = DEFAULT_ENQUEUE_TIMEOUT_MILLIS,
+    ) -> None:
+        if max_queue_size <= 0 or max_export_batch_size <= 0 or schedule_delay_millis <= 0:
+            raise ValueError("queue size, batch size and schedule delay must be positive")
+        self.exporter = exporter
+        self.stats = stats or CaptureStats()
+        self.max_queue_size = max_queue_size
+        self.max_export_batch_size = min(max_export_batch_size, max_queue_size)
+        self._delay = schedule_delay_millis / 1000.0
+        self._enqueue_timeout = enqueue_timeout_millis / 1000.0
+        self._queue: collections.deque[ReadableSpan] = collections.deque()
+        self._wake = threading.Event()
+        self._space = threading.Event()
+        self._export_lock = threading.Lock()
+        self._shutdown = False
+        self._healthy = True
+        self._queued = itertools.count()
+        self._blocked = itertools.count()
+        self._dropped_full = itertools.count()
+        self._dropped_shutdown = itertools.count()
+        self._counts = collections.Counter()
+        self.stats_source = self._stats
+        self._start_worker()
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: (ref() or (lambda: None))())
+
+    def _start_worker(self) -> None:
+        self._pid = os.getpid()
+        self._worker = threading.Thread(target=self._run, name="AgentTapeExport", daemon=True)
+        self._worker.start()
+
+    def _after_fork(self) -> None:
+        # The child inherits the parent's queued spans but not its worker thread.
+        self._queue.clear()
+        self._export_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._space = threading.Event()
+        self._start_worker()
+
+    # ---- producer side ---------------------------------------------------------------------
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self._shutdown:
+            next(self._dropped_shutdown)
+            return
+        queue = self._queue
+        if len(queue) >= self.max_queue_size and not self._wait_for_space():
+            next(self._dropped_full)
+            return
+        queue.append(span)
+        next(self._queued)
+        if len(queue) >= self.max_export_batch_size and not self._wake.is_set():
+            self._wake.set()
+
+    def _wait_for_space(self) -> bool:
+        if not self._healthy or threading.current_thread() is self._worker:
+            return False
+        next(self._blocked)
+        deadline = time.monotonic() + self._enqueue_timeout
+        self._wake.set()
+        while len(self._queue) >= self.max_queue_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._shutdown:
+                return False
+            self._space.clear()
+            if len(self._queue) < self.max_queue_size:
+                break
+            self._space.wait(min(remaining, 0.05))
+        return True
+
+    # ---- worker side -----------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._shutdown:
+            self._wake.wait(self._delay)
+            self._wake.clear()
+            self._drain()
+        self._drain()
+
+    def _drain(self, deadline: float | None = None) -> None:
+        with self._export_lock:
+            while self._queue:
+                if deadline is not None and time.monotonic() > deadline:
+                    return
+                count = min(self.max_export_batch_size, len(self._queue))
+                batch = [self._queue.popleft() for _ in range(count)]
+                self._space.set()
+                self._export(batch)
+
+    def _export(self, batch: list[ReadableSpan]) -> None:
+        counts = self._counts
+        for span in batch:
+            try:
+                counts["dropped_attributes"] += span.dropped_attributes
+                counts["dropped_events"] += span.dropped_events
+                counts["dropped_links"] += span.dropped_links
+            except Exception:
+                pass
+        token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
+        try:
+            result = self.exporter.export(batch)
+        except Exception:
+            counts["exporter_exceptions"] += 1
+            result = SpanExportResult.FAILURE
+        finally:
+            detach(token)
+        counts["export_batches"] += 1
+        if result is SpanExportResult.SUCCESS:
+            counts["spans_exported"] += len(batch)
+            self._healthy = True
+        else:
+            counts["export_failures"] += 1
+            counts["spans_export_failed"] += len(batch)
+            self._healthy = False
+
+    def _stats(self) -> dict[str, int]:
+        out = dict(self._counts)
+        out["spans_queued"] = _peek(self._queued)
+        out["enqueue_blocked"] = _peek(self._blocked)
+        out["spans_dropped_queue_full"] = _peek(self._dropped_full)
+        out["spans_dropped_shutdown"] = _peek(self._dropped_shutdown)
+        out["queue_length"] = len(self._queue)
+        return out
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        if self._shutdown:
+            return False
+        deadline = time.monotonic() + timeout_millis / 1000.0
+        self._drain(deadline)
+        try:
+            self.exporter.force_flush(max(0, int((deadline - time.monotonic()) * 1000)))
+        except Exception:
+            pass
+        return not self._queue
+
+    def shutdown(self) -> None:
+        if self._shutdown:
+            return
+        self._shutdown = True
+        self._wake.set()
+        self._space.set()
+        self._worker.join(30)
+        self._drain()
+        try:
+            self.exporter.shutdown()
+        except Exception:
+            self._counts["exporter_exceptions"] += 1
+
+
+def _peek(counter: itertools.count) -> int:
+    # itertools.count exposes its next value through repr: "count(N)".
+    return int(repr(counter)[6:-1])
+
+
+class ForwardingSpanProcessor(SpanProcessor):
+    """Base for processors that wrap the next one and forward every call."""
+
+    def __init__(self, next_processor: SpanProcessor) -> None:
+        self.next_processor = next_processor
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        self.next_processor.on_start(span, parent_context=parent_context)
+
+    def _on_ending(self, span: Any) -> None:
+        hook = getattr(self.next_processor, "_on_ending", None)
+        if hook is not None:
+            hook(span)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.next_processor.on_end(span)
+
+    def shutdown(self) -> None:
+        self.next_processor.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.next_processor.force_flush(timeout_millis)
+
+
+class GuardedSpanProcessor(ForwardingSpanProcessor):
+    """Outermost wrapper: an exception anywhere in the chain is counted, never raised into the agent."""
+
+    def __init__(self, next_processor: SpanProcessor, stats: CaptureStats) -> None:
+        super().__init__(next_processor)
+        self.stats = stats
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        try:
+            self.next_processor.on_start(span, parent_context=parent_context)
+        except Exception:
+            self.stats.incr("processor_errors")
+
+    def _on_ending(self, span: Any) -> None:
+        try:
+            super()._on_ending(span)
+        except Exception:
+            self.stats.incr("processor_errors")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            self.next_processor.on_end(span)
+        except Exception:
+            self.stats.incr("processor_errors")
+
+    def shutdown(self) -> None:
+        try:
+            self.next_processor.shutdown()
+        except Exception:
+            self.stats.incr("processor_errors")
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        try:
+            return self.next_processor.force_flush(timeout_millis)
+        except Exception:
+            self.stats.incr("processor_errors")
+            return False
+
+
+class SealGuard(ForwardingSpanProcessor):
+    """Runs the sealing processor; if sealing fails on a span, the span still goes out unsealed
+    (counted in ``sealing_errors``) rather than being lost."""
+
+    def __init__(self, sealing: SpanProcessor, export: SpanProcessor, stats: CaptureStats) -> None:
+        super().__init__(sealing)
+        self.export = export
+        self.stats = stats
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        try:
+            self.next_processor.on_start(span, parent_context=parent_context)
+        except Exception:
+            self.stats.incr("sealing_errors")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            self.next_processor.on_end(span)
+        except Exception:
+            self.stats.incr("sealing_errors")
+            self.export.on_end(span)
+
+
+class RedactingSpanProcessor(ForwardingSpanProcessor):
+    """Redacts content attributes of spans from other instrumentations (ours are redacted at the
+    source) and forwards a copy, so sealing and export only ever see redacted content."""
+
+    def __init__(self, next_processor: SpanProcessor, redactor: Redactor) -> None:
+        super().__init__(next_processor)
+        self.redactor = redactor
+
+    def on_end(self, span: ReadableSpan) -> None:
+        scope = span.instrumentation_scope
+        if scope is not None and scope.name == SCOPE_NAME:
+            self.next_processor.on_end(span)
+            return
+        attrs = span.attributes or {}
+        changed: dict[str, Any] = {}
+        for key, value in attrs.items():
+            if key in CONTENT_KEYS or key.startswith(CONTENT_PREFIXES):
+                new = _redact_value(value, self.redactor)
+                if new is not value and new != value:
+                    changed[key] = new
+        if not changed:
+            self.next_processor.on_end(span)
+            return
+        self.next_processor.on_end(copy_span(span, {**attrs, **changed}))
+
+
+def _redact_value(value: Any, redactor: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return redactor(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_redact_value(v, redactor) for v in value)
+    if isinstance(value, Mapping):
+        return {k: _redact_value(v, redactor) for k, v in value.items()}
+    return value
+
+
+def copy_span(span: ReadableSpan, attributes: Mapping[str, Any]) -> ReadableSpan:
+    """A ReadableSpan identical to ``span`` but with other attributes."""
+    return ReadableSpan(
+        name=span.name, context=span.context, parent=span.parent, resource=span.resource,
+        attributes=dict(attributes), events=span.events, links=span.links, kind=span.kind,
+        status=span.status, start_time=span.start_time, end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
+SEALING_MODULE = "otel_agenttape.capture.sealing"
+
+
+def _load_sealing() -> type | None:
+    import importlib
+
+    return getattr(importlib.import_module(SEALING_MODULE), "SealingSpanProcessor", None)
+
+
+def _sealing_counts(sealer: Any) -> dict[str, int]:
+    """The sealing processor's own counters (it swallows its errors and forwards unsealed)."""
+    out = {}
+    for attr, name in (("errors", "sealing_errors"), ("sealed", "spans_sealed"), ("checkpoints", "checkpoints")):
+        value = getattr(sealer, attr, None)
+        if isinstance(value, int):
+            out[name] = value
+    return out
+
+
+def build_processor_chain(
+    exporter: SpanExporter,
+    *,
+    stats: CaptureStats,
+    seal: bool = True,
+    seal_options: Mapping[str, Any] | None = None,
+    redactor: Redactor | None = None,
+    queue_options: Mapping[str, Any] | None = None,
+) -> tuple[SpanProcessor, QueueingSpanProcessor]:
+    """Guard( Redact( SealGuard( Sealing( Queue(exporter) ) ) ) ); returns (chain, queue).
+
+    Redaction comes before sealing so the chain covers exactly what leaves the process. When the
+    sealing module is not available the chain runs unsealed and ``sealing_unavailable`` is set.
+    """
+    queue = QueueingSpanProcessor(exporter, stats=stats, **dict(queue_options or {}))
+    stats.add_source(queue.stats_source)
+    head: SpanProcessor = queue
+    stats.set("sealing_active", 0)
+    if seal:
+        try:
+            sealing_cls = _load_sealing()
+        except Exception:
+            sealing_cls = None
+        if sealing_cls is None:
+            stats.set("sealing_unavailable", 1)
+        else:
+            try:
+                sealer = sealing_cls(queue, **dict(seal_options or {}))
+                head = SealGuard(sealer, queue, stats)
+                stats.set("sealing_active", 1)
+                stats.add_source(lambda: _sealing_counts(sealer))
+            except Exception:
+                stats.incr("sealing_errors")
+                stats.set("sealing_unavailable", 1)
+    if redactor is not None:
+        head = RedactingSpanProcessor(head, redactor)
+    return GuardedSpanProcessor(head, stats), queue

@@ -1,0 +1,449 @@
+"""The sealing span processor: every ended span becomes the next link of its tape's chain.
+
+It wraps the next processor (normally the export queue). The SDK's ``on_end`` span is read-only, so
+it forwards a copy that carries ``agenttape.chain.id/seq/prev/hash/epoch``. One chain per tape: the
+tape is the local root of a trace, its id the first ``agenttape.run.id`` seen starting in the trace
+(the root run) or else the trace id. At step boundaries (each model/tool node), at least every
+``checkpoint_every`` spans or ``checkpoint_interval_s`` seconds, and at run end it signs a C2SP
+checkpoint, appends it to a local checkpoint file and exports it as an ``agenttape.checkpoint`` span.
+Values OTLP cannot carry (integers beyond int64, unpaired surrogates, odd types) are replaced before
+hashing so that the leaf matches what the exporter sends; their keys are listed in
+``agenttape.integrity.coerced``. Nothing here raises into the agent: on an internal error the span
+is forwarded unsealed and counted in ``errors``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+from opentelemetry import trace as trace_api
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+from opentelemetry.trace.status import Status
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otel_agenttape import semconv
+from otel_agenttape.integrity.chain import Chain
+from otel_agenttape.integrity.checkpoint import Checkpoint, read_checkpoint_file
+from otel_agenttape.integrity.jcs import CanonicalError
+from otel_agenttape.integrity.leaf import (
+    NotOtlpSafe,
+    clean_text,
+    leaf_bytes,
+    otlp_safe_attributes,
+    project_sdk,
+)
+from otel_agenttape.integrity.note import Signer, sign_note
+
+_log = logging.getLogger(__name__)
+SCOPE = InstrumentationScope("otel_agenttape.integrity")
+OUR_SCOPE = "otel_agenttape"
+NODE_TYPES = frozenset({"model", "tool"})
+
+
+class SealedSpan(ReadableSpan):
+    """A copy of an ended span with other attributes (and events), keeping its dropped counts."""
+
+    def __init__(self, span: ReadableSpan, attributes: dict[str, Any], events: tuple | None = None) -> None:
+        self.__dict__.update(span.__dict__)
+        self._dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
+        self._attributes = attributes
+        if events is not None:
+            self._events = events
+
+    @property
+    def dropped_attributes(self) -> int:
+        return self._dropped[0]
+
+    @property
+    def dropped_events(self) -> int:
+        return self._dropped[1]
+
+    @property
+    def dropped_links(self) -> int:
+        return self._dropped[2]
+
+
+def load_signer(key: Signer | str | os.PathLike[str] | None) -> Signer | None:
+    """A ``Signer`` from a signer, a ``PRIVATE+KEY+...`` string or a path to a file holding one."""
+    if key is None or isinstance(key, Signer):
+        return key
+    text = str(key)
+    if not text.startswith("PRIVATE+KEY+"):
+        text = Path(text).read_text(encoding="utf-8").strip()
+    return Signer.parse(text)
+
+
+class _Tape:
+    __slots__ = ("trace_id", "chain_id", "from_run", "root_span_id", "root_ctx", "chain", "resource",
+                 "last_cp_size", "last_cp_time", "restore_ext")
+
+    def __init__(self, trace_id: int, chain_id: str, from_run: bool) -> None:
+        self.trace_id = trace_id
+        self.chain_id = chain_id
+        self.from_run = from_run
+        self.root_span_id: int | None = None
+        self.root_ctx: Any = None
+        self.chain: Chain | None = None
+        self.resource: Any = None
+        self.last_cp_size = -1
+        self.last_cp_time = time.monotonic()
+        self.restore_ext: str | None = None
+
+
+class SealingSpanProcessor(SpanProcessor):
+    """Seal each ended span into its tape's chain and forward the sealed copy to ``next_processor``.
+
+    Arguments (all optional after ``next_processor``):
+    ``signing_key``: a ``Signer``, a ``PRIVATE+KEY+...`` string or a key file path (default: the
+    ``AGENTTAPE_SIGNING_KEY`` file, else a per-process ephemeral key whose vkey rides on the checkpoint
+    span); ``checkpoint_file``: local JSON-lines file the checkpoints are appended to (default
+    ``AGENTTAPE_CHECKPOINTS``, else none); ``checkpoint_every`` (256) and ``checkpoint_interval_s``
+    (1.0); ``checkpoint_on_nodes`` (True: a model/tool node end is a step boundary);
+    ``seal_foreign`` (True: spans of other instrumentations are sealed into the trace's tape too);
+    ``export_checkpoints`` (True: forward checkpoint spans); ``on_node(span)``: called with each
+    sealed model/tool node span; ``on_checkpoint(record)``: called with each checkpoint record;
+    ``fsync`` (False): fsync the checkpoint file after each append.
+    """
+
+    def __init__(
+        self,
+        next_processor: SpanProcessor,
+        *,
+        signing_key: Signer | str | os.PathLike[str] | None = None,
+        checkpoint_file: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 256,
+        checkpoint_interval_s: float = 1.0,
+        checkpoint_on_nodes: bool = True,
+        seal_foreign: bool = True,
+        export_checkpoints: bool = True,
+        on_node: Callable[[ReadableSpan], Any] | None = None,
+        on_checkpoint: Callable[[dict[str, Any]], Any] | None = None,
+        fsync: bool = False,
+    ) -> None:
+        self.next_processor = next_processor
+        if signing_key is None and os.environ.get("AGENTTAPE_SIGNING_KEY"):
+            signing_key = os.environ["AGENTTAPE_SIGNING_KEY"]
+        signer = load_signer(signing_key)
+        self.ephemeral_key = signer is None
+        self.signer = signer or Signer.generate("agenttape.ephemeral")
+        self.vkey = self.signer.verifier().vkey()
+        if checkpoint_file is None and os.environ.get("AGENTTAPE_CHECKPOINTS"):
+            checkpoint_file = os.environ["AGENTTAPE_CHECKPOINTS"]
+        self.checkpoint_file = Path(checkpoint_file) if checkpoint_file else None
+        self.checkpoint_every = max(1, int(checkpoint_every))
+        self.checkpoint_interval_s = float(checkpoint_interval_s)
+        self.checkpoint_on_nodes = checkpoint_on_nodes
+        self.seal_foreign = seal_foreign
+        self.export_checkpoints = export_checkpoints
+        self.on_node = on_node
+        self.on_checkpoint = on_checkpoint
+        self.fsync = fsync
+        self.errors = 0
+        self.sealed = 0
+        self.checkpoints = 0
+        self.coerced = 0
+        self._lock = threading.Lock()
+        self._file_lock = threading.Lock()
+        self._tapes: dict[int, _Tape] = {}
+        self._last_epochs = self._read_epochs()
+        self._stop = threading.Event()
+        self._timer: threading.Thread | None = None
+
+    # --- SpanProcessor ---------------------------------------------------------------------------
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        try:
+            self._register(span)
+            self.next_processor.on_start(span, parent_context=parent_context)
+        except Exception:  # never into the agent
+            self.errors += 1
+
+    def _on_ending(self, span: Any) -> None:
+        hook = getattr(self.next_processor, "_on_ending", None)
+        if hook is not None:
+            hook(span)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            sealed, due = self._seal(span)
+        except Exception:
+            self.errors += 1
+            _log.debug("sealing failed; forwarding the span unsealed", exc_info=True)
+            sealed, due = span, None
+        try:
+            self.next_processor.on_end(sealed)
+        except Exception:
+            self.errors += 1
+        if due is not None:
+            self._emit_checkpoint(*due)
+        if self.on_node is not None and sealed is not span:
+            if (sealed.attributes or {}).get(semconv.NODE_TYPE) in NODE_TYPES:
+                try:
+                    self.on_node(sealed)
+                except Exception:
+                    self.errors += 1
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        try:
+            self.checkpoint_all(close=True)
+        except Exception:
+            self.errors += 1
+        self.next_processor.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        try:
+            self.checkpoint_all(close=False)
+        except Exception:
+            self.errors += 1
+        return self.next_processor.force_flush(timeout_millis)
+
+    # --- tapes -------------------------------------------------------------------------------------
+
+    def _register(self, span: Any) -> None:
+        ctx = span.context
+        parent = span.parent
+        attrs = span.attributes or {}
+        run_id = attrs.get(semconv.RUN_ID)
+        with self._lock:
+            tape = self._tapes.get(ctx.trace_id)
+            if tape is None:
+                if run_id is None and not self.seal_foreign and not _ours(span):
+                    return
+                tape = _Tape(ctx.trace_id, str(run_id) if run_id else f"{ctx.trace_id:032x}", bool(run_id))
+                self._tapes[ctx.trace_id] = tape
+            elif run_id and not tape.from_run and tape.chain is None:
+                tape.chain_id, tape.from_run = str(run_id), True  # the outermost run names the tape
+            if (parent is None or parent.is_remote) and tape.root_span_id is None:
+                tape.root_span_id = ctx.span_id
+                tape.root_ctx = ctx
+
+    def _seal(self, span: ReadableSpan) -> tuple[ReadableSpan, tuple | None]:
+        if not self.seal_foreign and not _ours(span):
+            return span, None
+        attrs = span.attributes or {}
+        events = None
+        try:
+            leaf = leaf_bytes(project_sdk(span))
+        except (NotOtlpSafe, CanonicalError, UnicodeEncodeError):
+            span = _make_safe(span)
+            attrs = span.attributes
+            events = span._events
+            self.coerced += 1
+            leaf = leaf_bytes(project_sdk(span))
+        trace_id = span.context.trace_id
+        now = time.monotonic()
+        opening = None
+        with self._lock:
+            tape = self._tapes.get(trace_id)
+            if tape is None:
+                tape = _Tape(trace_id, f"{trace_id:032x}", False)
+                self._tapes[trace_id] = tape
+            if tape.chain is None:
+                opening = self._open_chain(tape)
+            link = tape.chain.append(leaf)  # type: ignore[union-attr]
+            tape.resource = span.resource
+            self.sealed += 1
+            closing = span.context.span_id == tape.root_span_id
+            due = None
+            if (
+                closing
+                or tape.chain.size - max(tape.last_cp_size, 0) >= self.checkpoint_every  # type: ignore[union-attr]
+                or (self.checkpoint_on_nodes and attrs.get(semconv.NODE_TYPE) in NODE_TYPES)
+                or now - tape.last_cp_time >= self.checkpoint_interval_s
+            ):
+                due = self._snapshot(tape, now)
+            if closing:
+                del self._tapes[trace_id]
+        if opening is not None:
+            self._emit_checkpoint(*opening)
+        new_attrs = dict(attrs)
+        new_attrs[semconv.CHAIN_ID] = link.chain_id
+        new_attrs[semconv.CHAIN_SEQ] = link.seq
+        new_attrs[semconv.CHAIN_PREV] = link.prev
+        new_attrs[semconv.CHAIN_HASH] = link.hash
+        new_attrs[semconv.CHAIN_EPOCH] = link.epoch
+        self._ensure_timer()
+        return SealedSpan(span, new_attrs, events), due
+
+    def _open_chain(self, tape: _Tape) -> tuple | None:
+        last = self._last_epochs.get(tape.chain_id)
+        epoch = 0 if last is None else int(last["epoch"]) + 1
+        tape.chain = Chain(tape.chain_id, epoch)
+        self._last_epochs[tape.chain_id] = {"epoch": epoch, "origin": tape.chain.origin, "size": 0,
+                                            "root": base64.b64encode(tape.chain.root()).decode()}
+        if last is None:
+            return None
+        # A tape id seen before: a restored tape starts a new epoch, opened by a signed statement
+        # that names the previous epoch's last checkpoint.
+        tape.restore_ext = f"restore {last['origin']} {last['size']} {last['root']}"
+        return self._snapshot(tape, time.monotonic())
+
+    def _snapshot(self, tape: _Tape, now: float) -> tuple | None:
+        chain = tape.chain
+        if chain is None or chain.size == tape.last_cp_size:
+            return None
+        tape.last_cp_size = chain.size
+        tape.last_cp_time = now
+        ext = [f"chain {chain.head}"]
+        if chain.size == 0 and tape.restore_ext:
+            ext.append(tape.restore_ext)
+        cp = Checkpoint(chain.origin, chain.size, chain.root(), tuple(ext))
+        return (tape, cp, chain.epoch)
+
+    def _emit_checkpoint(self, tape: _Tape, cp: Checkpoint, epoch: int) -> None:
+        try:
+            note = sign_note(cp.body(), [self.signer])
+            record = {
+                "origin": cp.origin, "chain_id": tape.chain_id, "epoch": epoch, "size": cp.size,
+                "root": base64.b64encode(cp.root).decode(), "head": cp.chain_head,
+                "time_unix_nano": time.time_ns(), "vkey": self.vkey, "note": note,
+            }
+            self.checkpoints += 1
+            self._last_epochs[tape.chain_id] = record
+            if self.checkpoint_file is not None:
+                self._append(record)
+            if self.export_checkpoints:
+                self.next_processor.on_end(self._checkpoint_span(tape, cp, note))
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(record)
+        except Exception:
+            self.errors += 1
+            _log.debug("checkpoint failed", exc_info=True)
+
+    def _checkpoint_span(self, tape: _Tape, cp: Checkpoint, note: str) -> ReadableSpan:
+        now = time.time_ns()
+        ctx = trace_api.SpanContext(
+            trace_id=tape.trace_id, span_id=random.getrandbits(64) or 1, is_remote=False,
+            trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED),
+        )
+        parent = tape.root_ctx
+        return ReadableSpan(
+            name=semconv.EVENT_CHECKPOINT, context=ctx, parent=parent, resource=tape.resource,
+            attributes={
+                semconv.CHECKPOINT_NOTE: note, semconv.CHECKPOINT_ORIGIN: cp.origin,
+                semconv.CHECKPOINT_SIZE: cp.size, semconv.CHECKPOINT_KEY: self.vkey,
+            },
+            kind=trace_api.SpanKind.INTERNAL, start_time=now, end_time=now, instrumentation_scope=SCOPE,
+        )
+
+    def checkpoint_all(self, close: bool = False) -> int:
+        """Checkpoint every open tape with unsigned entries (``close``: and forget the tapes)."""
+        due = []
+        with self._lock:
+            now = time.monotonic()
+            for tape in list(self._tapes.values()):
+                snap = self._snapshot(tape, now)
+                if snap is not None:
+                    due.append(snap)
+            if close:
+                self._tapes.clear()
+        for d in due:
+            self._emit_checkpoint(*d)
+        return len(due)
+
+    # --- checkpoint file and timer ------------------------------------------------------------------
+
+    def _append(self, record: Mapping[str, Any]) -> None:
+        line = orjson.dumps(record) + b"\n"
+        assert self.checkpoint_file is not None
+        with self._file_lock:
+            self.checkpoint_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.checkpoint_file, "ab") as fh:
+                fh.write(line)
+                if self.fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+
+    def _read_epochs(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        if self.checkpoint_file is None or not self.checkpoint_file.exists():
+            return out
+        for rec in read_checkpoint_file(self.checkpoint_file):
+            cid = rec.get("chain_id")
+            prev = out.get(cid)
+            if prev is None or (rec.get("epoch", 0), rec.get("size", 0)) >= (prev.get("epoch", 0), prev.get("size", 0)):
+                out[cid] = rec
+        return out
+
+    def _ensure_timer(self) -> None:
+        if self._timer is not None or self.checkpoint_interval_s <= 0:
+            return
+        with self._lock:
+            if self._timer is not None:
+                return
+            self._timer = threading.Thread(target=self._tick, name="agenttape-checkpoints", daemon=True)
+            self._timer.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.checkpoint_interval_s):
+            try:
+                due = []
+                with self._lock:
+                    now = time.monotonic()
+                    for tape in self._tapes.values():
+                        if now - tape.last_cp_time >= self.checkpoint_interval_s:
+                            snap = self._snapshot(tape, now)
+                            if snap is not None:
+                                due.append(snap)
+                for d in due:
+                    self._emit_checkpoint(*d)
+            except Exception:
+                self.errors += 1
+
+
+def _ours(span: Any) -> bool:
+    scope = span.instrumentation_scope
+    return scope is not None and scope.name == OUR_SCOPE
+
+
+def _make_safe(span: ReadableSpan) -> ReadableSpan:
+    """A copy of ``span`` holding only what OTLP can carry (see ``leaf.otlp_safe``), coerced keys listed."""
+    attrs, coerced = otlp_safe_attributes(span.attributes)
+    events = []
+    for i, ev in enumerate(span.events):
+        ev_attrs, ev_coerced = otlp_safe_attributes(ev.attributes)
+        name = clean_text(ev.name)
+        if ev_coerced or name != ev.name:
+            coerced.extend(f"event:{i}:{k}" for k in ev_coerced or ["name"])
+            events.append(Event(name, _bounded(ev_attrs, ev.dropped_attributes), ev.timestamp))
+        else:
+            events.append(ev)
+    links = []
+    for i, lk in enumerate(span.links):
+        lk_attrs, lk_coerced = otlp_safe_attributes(lk.attributes)
+        if lk_coerced:
+            coerced.extend(f"link:{i}:{k}" for k in lk_coerced)
+            links.append(trace_api.Link(lk.context, _bounded(lk_attrs, lk.dropped_attributes)))
+        else:
+            links.append(lk)
+    name = clean_text(span.name)
+    if name != span.name:
+        coerced.append("name")
+    status = span.status
+    if status.description and clean_text(status.description) != status.description:
+        coerced.append("status")
+        status = Status(status.status_code, clean_text(status.description))
+    if coerced:
+        attrs[semconv.INTEGRITY_COERCED] = tuple(coerced)
+    copy = SealedSpan(span, attrs, tuple(events))
+    copy._name = name
+    copy._status = status
+    copy._links = tuple(links)
+    return copy
+
+
+def _bounded(attrs: dict[str, Any], dropped: int) -> BoundedAttributes:
+    bounded = BoundedAttributes(maxlen=None, attributes=attrs, immutable=True)
+    bounded.dropped = dropped
+    return bounded

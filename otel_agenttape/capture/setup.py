@@ -1,0 +1,282 @@
+"""One-call setup: a TracerProvider with raised limits, our processor chain and the official OTLP
+exporter (or our chain on an application's existing provider), returned as a Tape."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+from urllib.parse import urlparse
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from otel_agenttape.capture.api import Run, current_run
+from otel_agenttape.capture.listener import SCOPE_NAME, CaptureListener
+from otel_agenttape.capture.pipeline import QueueingSpanProcessor, build_processor_chain
+from otel_agenttape.capture.propagation import inject_context
+from otel_agenttape.capture.redact import RedactSpec, build_redactor
+from otel_agenttape.capture.sinks import InMemorySink, JsonlSink, NodeSink
+from otel_agenttape.capture.stats import CaptureStats
+
+PROTOCOLS = ("http/protobuf", "grpc")
+
+# Raised limits for our provider: node payloads are large and streams produce many events.
+RAISED_LIMITS = dict(max_span_attributes=1024, max_events=65536, max_links=1024, max_event_attributes=256,
+                     max_link_attributes=128)
+
+
+def raised_span_limits() -> SpanLimits:
+    """SDK defaults are 128 attributes / events; an explicit OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT is kept
+    (capture then cuts and marks payloads itself before the SDK would cut them silently)."""
+    return SpanLimits(**RAISED_LIMITS)
+
+
+class Tape:
+    """What setup()/instrument() return: start runs, feed events, read counters, flush, shut down."""
+
+    def __init__(self, tracer_provider: TracerProvider, listener: CaptureListener, stats: CaptureStats,
+                 processor: SpanProcessor | None, queue: QueueingSpanProcessor | None, *,
+                 owns_provider: bool, sinks: Sequence[NodeSink] = ()) -> None:
+        self.tracer_provider = tracer_provider
+        self.listener = listener
+        self._stats = stats
+        self.processor = processor
+        self.queue = queue
+        self.owns_provider = owns_provider
+        self.sinks = list(sinks)
+        self._closed = False
+
+    @property
+    def memory(self) -> InMemorySink | None:
+        """The in-memory node sink, if one was configured."""
+        return next((s for s in self.sinks if isinstance(s, InMemorySink)), None)
+
+    def run(self, agent: str | None = None, **kwargs: Any) -> Run:
+        """``with tape.run(agent="planner", session_id=...) as run:`` (see Run for the keywords)."""
+        return Run(self.listener, agent, **kwargs)
+
+    def inject(self, carrier: dict[str, str] | None = None) -> dict[str, str]:
+        """Trace context of the current run for an outgoing call to a child agent process."""
+        run = current_run()
+        return inject_context(carrier, run=run) if run is not None else inject_context(carrier)
+
+    def stats(self) -> dict[str, int]:
+        """Every capture counter: drops, cuts, failures, swallowed errors, queue state."""
+        snapshot = self._stats.snapshot()
+        pending = self.listener.pending()
+        snapshot["open_runs"] = pending["runs"]
+        snapshot["open_nodes"] = pending["model_nodes"] + pending["tool_nodes"]
+        return snapshot
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        try:
+            if self.owns_provider:
+                return bool(self.tracer_provider.force_flush(timeout_millis))
+            return bool(self.processor.force_flush(timeout_millis)) if self.processor is not None else True
+        except Exception:
+            self._stats.incr("processor_errors")
+            return False
+
+    def shutdown(self) -> None:
+        """Flush and stop export. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.owns_provider:
+                self.tracer_provider.shutdown()
+            elif self.processor is not None:
+                self.processor.shutdown()
+        except Exception:
+            self._stats.incr("processor_errors")
+
+    def __enter__(self) -> "Tape":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def _env(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value.strip()
+    return None
+
+
+def _parse_headers(headers: Mapping[str, str] | str | None) -> dict[str, str] | None:
+    if headers is None:
+        return None
+    if isinstance(headers, str):
+        out = {}
+        for item in headers.split(","):
+            if "=" in item:
+                key, value = item.split("=", 1)
+                out[key.strip().lower()] = value.strip()
+        return out
+    return {str(k).lower(): str(v) for k, v in headers.items()}
+
+
+def make_exporter(endpoint: str | None = None, protocol: str | None = None, *,
+                  headers: Mapping[str, str] | str | None = None, timeout: float | None = None,
+                  compression: str | None = None, insecure: bool | None = None) -> SpanExporter:
+    """The official OTLP span exporter. Unset arguments fall back to the OTEL_EXPORTER_OTLP_* variables,
+    which the exporters read themselves (endpoint, headers, timeout, compression, certificates)."""
+    protocol = protocol or _env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    parsed_headers = _parse_headers(headers)
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        from opentelemetry.exporter.otlp.proto.grpc.exporter import Compression as GrpcCompression
+
+        kwargs: dict[str, Any] = {"endpoint": endpoint, "headers": parsed_headers, "timeout": timeout,
+                                  "insecure": insecure}
+        if compression:
+            kwargs["compression"] = {"gzip": GrpcCompression.Gzip, "deflate": GrpcCompression.Deflate,
+                                     "none": GrpcCompression.NoCompression}[compression.lower()]
+        return GrpcExporter(**{k: v for k, v in kwargs.items() if v is not None})
+    from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    if endpoint is not None:
+        parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+        if parsed.path in ("", "/"):
+            endpoint = parsed._replace(path="/v1/traces").geturl()
+        else:
+            endpoint = parsed.geturl()
+    kwargs = {"endpoint": endpoint, "headers": parsed_headers, "timeout": timeout}
+    if compression:
+        kwargs["compression"] = HttpCompression(compression)
+    return HttpExporter(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def _sinks(sinks: Sequence[NodeSink], jsonl_path: str | os.PathLike[str] | None, memory: bool) -> list[NodeSink]:
+    out = list(sinks)
+    if jsonl_path is not None:
+        out.append(JsonlSink(jsonl_path))
+    if memory:
+        out.append(InMemorySink())
+    return out
+
+
+def _attribute_length_limit(provider: Any) -> int | None:
+    limits = getattr(provider, "_span_limits", None)
+    if limits is None:
+        return None
+    return getattr(limits, "max_span_attribute_length", None) or getattr(limits, "max_attribute_length", None)
+
+
+def _effective_cut(max_payload_chars: int | None, provider: Any) -> int | None:
+    sdk_limit = _attribute_length_limit(provider)
+    limits = [x for x in (max_payload_chars, sdk_limit) if x is not None]
+    return min(limits) if limits else None
+
+
+def _wire(provider: TracerProvider, *, exporter: SpanExporter | None | bool, endpoint: str | None,
+          protocol: str | None, headers: Any, timeout: float | None, compression: str | None,
+          insecure: bool | None, redact: RedactSpec, seal: bool, seal_options: Mapping[str, Any] | None,
+          queue_options: Mapping[str, Any] | None, sinks: list[NodeSink], max_payload_chars: int | None,
+          owns_provider: bool) -> Tape:
+    stats = CaptureStats()
+    redactor = build_redactor(redact, stats)
+    processor = queue = None
+    if exporter is not False:
+        if exporter is None or exporter is True:
+            span_exporter = make_exporter(endpoint, protocol, headers=headers, timeout=timeout,
+                                          compression=compression, insecure=insecure)
+        else:
+            span_exporter = exporter
+        processor, queue = build_processor_chain(span_exporter, stats=stats, seal=seal, seal_options=seal_options,
+                                                 redactor=redactor, queue_options=queue_options)
+        provider.add_span_processor(processor)
+    tracer = provider.get_tracer(SCOPE_NAME, _version())
+    listener = CaptureListener(tracer, stats=stats, redactor=redactor, sinks=sinks,
+                               max_payload_chars=_effective_cut(max_payload_chars, provider))
+    return Tape(provider, listener, stats, processor, queue, owns_provider=owns_provider, sinks=sinks)
+
+
+def _version() -> str:
+    from otel_agenttape import __version__
+
+    return __version__
+
+
+def setup(
+    endpoint: str | None = None,
+    protocol: str | None = None,
+    *,
+    service_name: str | None = None,
+    headers: Mapping[str, str] | str | None = None,
+    redact: RedactSpec = None,
+    seal: bool = True,
+    seal_options: Mapping[str, Any] | None = None,
+    exporter: SpanExporter | bool | None = None,
+    timeout: float | None = None,
+    compression: str | None = None,
+    insecure: bool | None = None,
+    resource_attributes: Mapping[str, Any] | None = None,
+    span_limits: SpanLimits | None = None,
+    queue_options: Mapping[str, Any] | None = None,
+    sinks: Sequence[NodeSink] = (),
+    jsonl_path: str | os.PathLike[str] | None = None,
+    memory: bool = False,
+    max_payload_chars: int | None = None,
+    set_global: bool = False,
+) -> Tape:
+    """Configure capture in one call and return a Tape.
+
+    ``endpoint``/``protocol``/``headers``/``timeout``/``compression`` default to the standard
+    OTEL_EXPORTER_OTLP_* variables (protocol ``http/protobuf`` or ``grpc``). ``exporter`` replaces the
+    OTLP exporter (False: local sinks only). ``redact``: True for the built-in patterns, a callable, a
+    regex, or a list of them; applied to content before sealing and export. ``seal`` wraps export in the
+    sealing processor when available. ``jsonl_path``/``memory`` add local node-record sinks.
+    ``max_payload_chars`` cuts larger payloads, recording their length and sha256.
+    """
+    attrs = dict(resource_attributes or {})
+    if service_name:
+        attrs["service.name"] = service_name
+    provider = TracerProvider(resource=Resource.create(attrs), span_limits=span_limits or raised_span_limits())
+    tape = _wire(provider, exporter=exporter, endpoint=endpoint, protocol=protocol, headers=headers, timeout=timeout,
+                 compression=compression, insecure=insecure, redact=redact, seal=seal, seal_options=seal_options,
+                 queue_options=queue_options, sinks=_sinks(sinks, jsonl_path, memory),
+                 max_payload_chars=max_payload_chars, owns_provider=True)
+    if set_global:
+        trace.set_tracer_provider(provider)
+    return tape
+
+
+def instrument(
+    provider: TracerProvider | None = None,
+    *,
+    endpoint: str | None = None,
+    protocol: str | None = None,
+    headers: Mapping[str, str] | str | None = None,
+    redact: RedactSpec = None,
+    seal: bool = True,
+    seal_options: Mapping[str, Any] | None = None,
+    exporter: SpanExporter | bool | None = None,
+    timeout: float | None = None,
+    compression: str | None = None,
+    insecure: bool | None = None,
+    queue_options: Mapping[str, Any] | None = None,
+    sinks: Sequence[NodeSink] = (),
+    jsonl_path: str | os.PathLike[str] | None = None,
+    memory: bool = False,
+    max_payload_chars: int | None = None,
+) -> Tape:
+    """Add capture to an application's existing SDK TracerProvider (default: the global one).
+
+    Its span limits stay the application's; payloads longer than its attribute length limit are cut by
+    capture and marked (length + sha256) instead of being cut silently by the SDK.
+    """
+    provider = provider if provider is not None else trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        raise TypeError("instrument() needs an opentelemetry.sdk.trace.TracerProvider")
+    return _wire(provider, exporter=exporter, endpoint=endpoint, protocol=protocol, headers=headers, timeout=timeout,
+                 compression=compression, insecure=insecure, redact=redact, seal=seal, seal_options=seal_options,
+                 queue_options=queue_options, sinks=_sinks(sinks, jsonl_path, memory),
+                 max_payload_chars=max_payload_chars, owns_provider=False)

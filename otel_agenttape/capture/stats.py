@@ -1,0 +1,66 @@
+"""Counters for everything capture drops, cuts, retries or swallows (readable via tape.stats())."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+COUNTERS = (
+    # listener / API
+    "runs_started", "runs_ended",
+    "nodes_captured", "model_nodes", "tool_nodes",
+    "orphan_tool_results",       # TOOL_RESULT without TOOL_CALL (captured without input)
+    "orphan_model_responses",    # MODEL_RESPONSE/REASONING without MODEL_REQUEST
+    "listener_errors",           # an event the listener could not handle (swallowed)
+    "api_errors",                # a context-manager step that failed inside capture (swallowed)
+    "sink_errors",               # a node sink that raised
+    # content
+    "redactions", "redactor_errors",
+    "payloads_truncated",        # payloads cut by capture, with length + sha256 recorded
+    "dropped_attributes", "dropped_events", "dropped_links",  # what the SDK limits still dropped
+    # export queue
+    "spans_queued", "spans_exported", "spans_export_failed",
+    "spans_dropped_queue_full", "spans_dropped_shutdown",
+    "queue_length", "enqueue_blocked",  # producer waited for room (blocking instead of dropping)
+    "export_batches", "export_failures", "exporter_exceptions",
+    "processor_errors",          # an exception anywhere in the processor chain
+    # sealing
+    "sealing_active", "sealing_unavailable", "sealing_errors", "spans_sealed", "checkpoints",
+)
+
+
+class CaptureStats:
+    """Thread-safe named counters; every name in COUNTERS is always present."""
+
+    __slots__ = ("_lock", "_counts", "_sources")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._sources: list[Callable[[], dict[str, int]]] = []
+
+    def add_source(self, source: Callable[[], dict[str, int]]) -> None:
+        """Counters kept elsewhere (lock-free on a hot path), summed into every snapshot."""
+        self._sources.append(source)
+
+    def incr(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + n
+
+    def set(self, name: str, value: int) -> None:
+        with self._lock:
+            self._counts[name] = value
+
+    def get(self, name: str) -> int:
+        return self.snapshot().get(name, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            out = dict(self._counts)
+        for source in self._sources:
+            try:
+                for key, value in source().items():
+                    out[key] = out.get(key, 0) + value
+            except Exception:
+                pass
+        return out

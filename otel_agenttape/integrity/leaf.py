@@ -1,0 +1,337 @@
+"""The canonical leaf: RFC 8785 bytes of a typed projection of one span.
+
+The same projection is built from three sources and must give the same bytes from each:
+a live SDK ``ReadableSpan`` (``leaf_from_sdk``), an OTLP proto ``Span`` (``leaf_from_proto``) and a
+stored ``spans`` row with its ``span_events`` / ``span_links`` rows (``leaf_from_row``). The
+projection is specified in ``docs/integrity.md``; values use the typed form of
+``otel_agenttape.anyvalue``. ``agenttape.chain.*`` attributes are the chain's output and are left
+out, as are resource and scope attributes (collectors legitimately add those) and span flags (set by
+the exporter from the transport context).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from otel_agenttape import semconv
+from otel_agenttape.integrity.jcs import CanonicalError, dumps_ordered, sorted_keys
+
+LEAF_VERSION = 1
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+_CHAIN_PREFIX = semconv.CHAIN_PREFIX
+_b64 = base64.b64encode
+
+
+class NotOtlpSafe(ValueError):
+    """A live attribute value that OTLP cannot carry as is (huge int, lone surrogate, odd type)."""
+
+
+# --- typed values ---------------------------------------------------------------------------------
+
+
+def encode_double(value: float) -> str:
+    """Python ``repr`` of the double; ``NaN``, ``Infinity``, ``-Infinity`` and ``-0.0`` tagged."""
+    if value != value:
+        return "NaN"
+    if value in (math.inf, -math.inf):
+        return "Infinity" if value > 0 else "-Infinity"
+    return repr(value)
+
+
+def typed_from_python(value: Any) -> dict[str, Any]:
+    """Typed form of an SDK attribute value in canonical key order; raises ``NotOtlpSafe``."""
+    t = type(value)
+    if t is str:
+        return {"s": value}
+    if t is bool:
+        return {"bool": value}
+    if t is int:
+        if INT64_MIN <= value <= INT64_MAX:
+            return {"i": str(value)}
+        raise NotOtlpSafe("integer outside int64")
+    if t is float:
+        return {"d": encode_double(value)}
+    if t is tuple or t is list:
+        return {"a": [typed_from_python(v) for v in value]}
+    if t is bytes:
+        return {"b": _b64(value).decode("ascii")}
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        for k in value:
+            if type(k) is not str:
+                raise NotOtlpSafe("non-string map key")
+        return {"kv": _attrs_python(value, False)}
+    raise NotOtlpSafe(f"unsupported type {t.__name__}")
+
+
+def _attrs_python(attrs: Mapping[str, Any] | None, skip_chain: bool) -> dict[str, Any]:
+    if not attrs:
+        return {}
+    keys = [k for k in attrs if not k.startswith(_CHAIN_PREFIX)] if skip_chain else list(attrs)
+    return {k: typed_from_python(attrs[k]) for k in sorted_keys(keys)}
+
+
+def typed_from_proto(value: Any) -> dict[str, Any]:
+    """Typed form of an OTLP ``AnyValue`` in canonical key order."""
+    which = value.WhichOneof("value")
+    if which == "string_value":
+        return {"s": value.string_value}
+    if which == "int_value":
+        return {"i": str(value.int_value)}
+    if which == "double_value":
+        return {"d": encode_double(value.double_value)}
+    if which == "bool_value":
+        return {"bool": value.bool_value}
+    if which == "bytes_value":
+        return {"b": _b64(value.bytes_value).decode("ascii")}
+    if which == "array_value":
+        return {"a": [typed_from_proto(v) for v in value.array_value.values]}
+    if which == "kvlist_value":
+        return {"kv": _attrs_proto(value.kvlist_value.values, False)}
+    return {}
+
+
+def _attrs_proto(key_values: Iterable[Any], skip_chain: bool) -> dict[str, Any]:
+    last: dict[str, Any] = {}
+    for kv in key_values:  # duplicate keys: the last one wins (as in anyvalue)
+        if skip_chain and kv.key.startswith(_CHAIN_PREFIX):
+            continue
+        last[kv.key] = kv.value
+    return {k: typed_from_proto(last[k]) for k in sorted_keys(last)}
+
+
+def canonical_typed(typed: Any) -> Any:
+    """Re-order the maps of a stored typed value (arrays and kvlists) into canonical key order."""
+    if "kv" in typed:
+        kv = typed["kv"]
+        return {"kv": {k: canonical_typed(kv[k]) for k in sorted_keys(kv)}}
+    if "a" in typed:
+        return {"a": [canonical_typed(v) for v in typed["a"]]}
+    return typed
+
+
+def _attrs_stored(attrs: Any, skip_chain: bool) -> dict[str, Any]:
+    if attrs is None:
+        return {}
+    if isinstance(attrs, (str, bytes)):
+        attrs = orjson.loads(attrs) if attrs else {}
+    keys = [k for k in attrs if not k.startswith(_CHAIN_PREFIX)] if skip_chain else list(attrs)
+    return {k: canonical_typed(attrs[k]) for k in sorted_keys(keys)}
+
+
+# --- projections ----------------------------------------------------------------------------------
+
+
+def _projection(
+    trace_id: str, span_id: str, parent: str, trace_state: str, name: str, kind: int,
+    start: int, end: int, status_code: int, status_message: str, attributes: dict[str, Any],
+    dropped_attrs: int, dropped_events: int, dropped_links: int,
+    events: list[dict[str, Any]], links: list[dict[str, Any]],
+) -> dict[str, Any]:
+    # keys inserted in RFC 8785 order (all ASCII)
+    return {
+        "attributes": attributes,
+        "dropped_attributes_count": dropped_attrs,
+        "dropped_events_count": dropped_events,
+        "dropped_links_count": dropped_links,
+        "end_time_unix_nano": str(end),
+        "events": events,
+        "kind": kind,
+        "links": links,
+        "name": name,
+        "parent_span_id": parent,
+        "span_id": span_id,
+        "start_time_unix_nano": str(start),
+        "status": {"code": status_code, "message": status_message},
+        "trace_id": trace_id,
+        "trace_state": trace_state,
+        "v": LEAF_VERSION,
+    }
+
+
+def _event(name: str, time: int, attributes: dict[str, Any], dropped: int) -> dict[str, Any]:
+    return {
+        "attributes": attributes,
+        "dropped_attributes_count": dropped,
+        "name": name,
+        "time_unix_nano": str(time),
+    }
+
+
+def _link(trace_id: str, span_id: str, attributes: dict[str, Any], dropped: int) -> dict[str, Any]:
+    # A link's trace_state is left out: the Python OTLP exporter (1.45) does not send it.
+    return {
+        "attributes": attributes,
+        "dropped_attributes_count": dropped,
+        "span_id": span_id,
+        "trace_id": trace_id,
+    }
+
+
+def _sdk_trace_state(ts: Any) -> str:
+    if not ts:
+        return ""
+    return ",".join(f"{k}={v}" for k, v in ts.items())
+
+
+def project_sdk(span: Any) -> dict[str, Any]:
+    """Projection of a live SDK ``ReadableSpan``; raises ``NotOtlpSafe`` for values OTLP cannot carry."""
+    ctx = span.context
+    parent = span.parent
+    status = span.status
+    events = [
+        _event(e.name, e.timestamp, _attrs_python(e.attributes, False), e.dropped_attributes)
+        for e in span.events
+    ]
+    links = [
+        _link(
+            f"{lk.context.trace_id:032x}", f"{lk.context.span_id:016x}",
+            _attrs_python(lk.attributes, False), lk.dropped_attributes,
+        )
+        for lk in span.links
+    ]
+    return _projection(
+        f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", f"{parent.span_id:016x}" if parent is not None else "",
+        _sdk_trace_state(ctx.trace_state), span.name, span.kind.value + 1,
+        span.start_time, span.end_time, status.status_code.value, status.description or "",
+        _attrs_python(span.attributes, True),
+        span.dropped_attributes, span.dropped_events, span.dropped_links, events, links,
+    )
+
+
+def project_proto(span: Any) -> dict[str, Any]:
+    """Projection of an OTLP ``opentelemetry.proto.trace.v1.Span`` message."""
+    events = [
+        _event(e.name, e.time_unix_nano, _attrs_proto(e.attributes, False), e.dropped_attributes_count)
+        for e in span.events
+    ]
+    links = [
+        _link(lk.trace_id.hex(), lk.span_id.hex(), _attrs_proto(lk.attributes, False), lk.dropped_attributes_count)
+        for lk in span.links
+    ]
+    return _projection(
+        span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(), span.trace_state, span.name,
+        int(span.kind), span.start_time_unix_nano, span.end_time_unix_nano,
+        int(span.status.code), span.status.message, _attrs_proto(span.attributes, True),
+        span.dropped_attributes_count, span.dropped_events_count, span.dropped_links_count, events, links,
+    )
+
+
+def project_row(
+    row: Mapping[str, Any],
+    events: Sequence[Mapping[str, Any]] = (),
+    links: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """Projection of a stored ``spans`` row plus its ``span_events`` and ``span_links`` rows.
+
+    Events and links are taken in ``event_index`` / ``link_index`` order.
+    """
+    ev = [
+        _event(e["name"], int(e["time_unix_nano"]), _attrs_stored(e["attributes"], False),
+               int(e.get("dropped_attributes_count") or 0))
+        for e in sorted(events, key=lambda r: r["event_index"])
+    ]
+    lk = [
+        _link(r["linked_trace_id"], r["linked_span_id"], _attrs_stored(r["attributes"], False),
+              int(r.get("dropped_attributes_count") or 0))
+        for r in sorted(links, key=lambda r: r["link_index"])
+    ]
+    return _projection(
+        row["trace_id"], row["span_id"], row.get("parent_span_id") or "", row.get("trace_state") or "",
+        row["name"], int(row["kind"]), int(row["start_time_unix_nano"]), int(row["end_time_unix_nano"]),
+        int(row.get("status_code") or 0), row.get("status_message") or "",
+        _attrs_stored(row["attributes"], True),
+        int(row.get("dropped_attributes_count") or 0), int(row.get("dropped_events_count") or 0),
+        int(row.get("dropped_links_count") or 0), ev, lk,
+    )
+
+
+def leaf_bytes(projection: Mapping[str, Any]) -> bytes:
+    """RFC 8785 bytes of a projection built by one of the ``project_*`` functions."""
+    return dumps_ordered(projection)
+
+
+def leaf_from_sdk(span: Any) -> bytes:
+    return leaf_bytes(project_sdk(span))
+
+
+def leaf_from_proto(span: Any) -> bytes:
+    return leaf_bytes(project_proto(span))
+
+
+def leaf_from_row(row: Mapping[str, Any], events: Sequence[Mapping[str, Any]] = (),
+                  links: Sequence[Mapping[str, Any]] = ()) -> bytes:
+    return leaf_bytes(project_row(row, events, links))
+
+
+# --- making live values OTLP-safe -----------------------------------------------------------------
+
+
+def clean_text(text: str) -> str:
+    """Join surrogate pairs and replace each unpaired surrogate with U+FFFD (OTLP strings are UTF-8)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def otlp_safe(value: Any) -> Any:
+    """The value an OTLP exporter can send unchanged and the leaf hashes.
+
+    Integers outside int64 become their decimal string, text gets ``clean_text``, map keys become
+    cleaned strings (on a clash the later one wins, as OTLP decoders do), bytes-likes become bytes,
+    unknown types their ``str``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str):
+        return clean_text(str.__str__(value))
+    if isinstance(value, int):
+        v = int(value)
+        return v if INT64_MIN <= v <= INT64_MAX else str(v)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, Mapping):
+        return {clean_text(str(k)): otlp_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or (isinstance(value, Sequence)):
+        return tuple(otlp_safe(v) for v in value)
+    return clean_text(str(value))
+
+
+def otlp_safe_attributes(attrs: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """Make every attribute OTLP-safe; returns the new attributes and the (cleaned) keys that changed."""
+    out: dict[str, Any] = {}
+    changed: list[str] = []
+    for k, v in (attrs or {}).items():
+        key = clean_text(str(k))
+        safe = otlp_safe(v)
+        if key != k or not _same_typed(v, safe):
+            changed.append(key)
+        out[key] = safe
+    return out, changed
+
+
+def _same_typed(original: Any, safe: Any) -> bool:
+    try:
+        return typed_from_python(original) == typed_from_python(safe)
+    except NotOtlpSafe:
+        return False
+
+
+__all__ = [
+    "CanonicalError", "LEAF_VERSION", "NotOtlpSafe", "canonical_typed", "clean_text", "encode_double",
+    "leaf_bytes", "leaf_from_proto", "leaf_from_row", "leaf_from_sdk", "otlp_safe", "otlp_safe_attributes",
+    "project_proto", "project_row", "project_sdk", "typed_from_proto", "typed_from_python",
+]

@@ -1,0 +1,212 @@
+"""Verification of one tape's chain, Merkle tree and checkpoints from recomputed leaves.
+
+Pure logic: the caller recomputes each entry's leaf from its source (stored rows, OTLP) and hands
+over the stored chain fields. Gaps in the sequence (export loss) are reported as ``missing seq a..b``
+and kept apart from tampering; ``first_broken_index`` is the lowest seq with any problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from otel_agenttape.integrity.chain import genesis, link_hash
+from otel_agenttape.integrity.checkpoint import Checkpoint, CheckpointError, origin_for
+from otel_agenttape.integrity.merkle import CompactRange, leaf_hash
+from otel_agenttape.integrity.note import NoteError, Verifier, open_note, split_note
+
+GAP = "gap"
+TAMPER = "tamper"
+
+
+@dataclass
+class Entry:
+    """One stored chain entry: its chain fields and the leaf recomputed from its content."""
+
+    seq: int
+    prev: str | None
+    hash: str | None
+    leaf: bytes | None
+    span_id: str = ""
+    trace_id: str = ""
+    problem: str | None = None  # set by the reader, e.g. chain columns that disagree with attributes
+    computed_hash: str | None = None  # link_hash(prev, leaf), when the reader computed it and dropped the leaf
+    merkle_leaf: bytes | None = None  # leaf_hash(leaf), likewise
+
+    def compact(self) -> Entry:
+        """Precompute both hashes and drop the leaf bytes (keeps a million entries small)."""
+        if self.leaf is not None:
+            if self.prev is not None:
+                self.computed_hash = link_hash(self.prev, self.leaf)
+            self.merkle_leaf = leaf_hash(self.leaf)
+            self.leaf = None
+        return self
+
+
+@dataclass(frozen=True)
+class SignedCheckpoint:
+    checkpoint: Checkpoint
+    note: str
+    trusted: bool | None  # True: a pinned key verified it; False: it did not; None: no key given
+    source: str = ""
+
+
+@dataclass
+class Issue:
+    index: int
+    kind: str  # GAP or TAMPER
+    reason: str
+
+
+@dataclass
+class ChainReport:
+    chain_id: str
+    epoch: int
+    length: int
+    valid: bool
+    first_broken_index: int | None
+    reason: str | None
+    issues: list[Issue] = field(default_factory=list)
+    head: str | None = None
+    root: str | None = None
+    checkpoints_checked: int = 0
+    signed_size: int = 0  # entries covered by a checkpoint a pinned key signed
+    key_pinned: bool = False
+    restored_from: str | None = None
+    untrusted_checkpoints: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["gaps"] = [i.reason for i in self.issues if i.kind == GAP]
+        return out
+
+
+def parse_notes(notes: Iterable[tuple[str, str]], verifiers: Sequence[Verifier]) -> list[SignedCheckpoint]:
+    """Parse ``(note, source)`` pairs into checkpoints; with keys given, mark which ones they signed."""
+    out: list[SignedCheckpoint] = []
+    seen: set[str] = set()
+    for note, source in notes:
+        if note in seen:
+            continue
+        seen.add(note)
+        try:
+            text, _ = split_note(note)
+            cp = Checkpoint.parse(text)
+        except (NoteError, CheckpointError):
+            continue
+        trusted: bool | None = None
+        if verifiers:
+            try:
+                open_note(note, verifiers)
+                trusted = True
+            except NoteError:
+                trusted = False
+        out.append(SignedCheckpoint(cp, note, trusted, source))
+    return out
+
+
+def verify_chain(
+    chain_id: str,
+    epoch: int,
+    entries: Sequence[Entry],
+    checkpoints: Sequence[SignedCheckpoint] = (),
+    key_pinned: bool = False,
+) -> ChainReport:
+    """Check every link, every recomputed leaf, the gaps, and the checkpoints of this tape's origin."""
+    issues: list[Issue] = []
+    by_seq: dict[int, Entry] = {}
+    for e in entries:
+        other = by_seq.get(e.seq)
+        if other is None:
+            by_seq[e.seq] = e
+        elif other.hash != e.hash or other.leaf != e.leaf or other.merkle_leaf != e.merkle_leaf:
+            issues.append(Issue(e.seq, TAMPER, f"duplicate seq {e.seq} with different content"))
+    seqs = sorted(by_seq)
+    hash_to_seq = {e.hash: s for s, e in by_seq.items() if e.hash}
+    expected_prev = genesis(chain_id, epoch)
+    last = -1
+    leaves: list[bytes | None] = []  # Merkle leaf hashes by seq
+    for s in seqs:
+        e = by_seq[s]
+        if s != last + 1:
+            issues.append(Issue(last + 1, GAP, f"missing seq {last + 1}..{s - 1}"))
+        elif e.prev != expected_prev:
+            k = hash_to_seq.get(e.prev or "")
+            if k is not None and k != s - 1:
+                issues.append(Issue(s, TAMPER, f"seq {s} links to seq {k}: entries reordered"))
+            elif s == 0:
+                issues.append(Issue(0, TAMPER, "seq 0 does not start from this tape's genesis: spliced or foreign tape"))
+            else:
+                issues.append(Issue(s, TAMPER, f"seq {s} does not link to seq {s - 1}: entry removed, replaced or spliced"))
+        if e.problem:
+            issues.append(Issue(s, TAMPER, f"seq {s}: {e.problem}"))
+        elif (e.leaf is None and e.merkle_leaf is None) or e.prev is None or e.hash is None:
+            issues.append(Issue(s, TAMPER, f"seq {s}: chain fields or content missing"))
+        elif (e.computed_hash or link_hash(e.prev, e.leaf)) != e.hash:  # type: ignore[arg-type]
+            issues.append(Issue(s, TAMPER, f"leaf hash mismatch at seq {s}: span content edited"))
+        expected_prev = e.hash
+        last = s
+        leaves.extend([None] * (s - len(leaves)))
+        leaves.append(e.merkle_leaf or (leaf_hash(e.leaf) if e.leaf is not None else None))
+    length = last + 1
+
+    # Merkle roots at each checkpoint size of this origin (computable up to the first gap).
+    origin = origin_for(chain_id, epoch)
+    mine = sorted((c for c in checkpoints if c.checkpoint.origin == origin), key=lambda c: c.checkpoint.size)
+    roots: dict[int, bytes] = {}
+    wanted = {c.checkpoint.size for c in mine}
+    cr = CompactRange()
+    if 0 in wanted:
+        roots[0] = cr.root()
+    for i, lh in enumerate(leaves):
+        if lh is None:
+            break
+        cr.append(lh)
+        if i + 1 in wanted:
+            roots[i + 1] = cr.root()
+    report = ChainReport(chain_id, epoch, length, True, None, None, key_pinned=key_pinned)
+    report.root = cr.root().hex() if len(leaves) == cr.size else None
+    report.head = by_seq[last].hash if last >= 0 else None
+    good_size = 0
+    untrusted = 0
+    covered = 0  # the largest checkpoint size beyond the stored entries
+    for c in mine:
+        cp = c.checkpoint
+        if c.trusted is False:
+            untrusted += 1  # anyone can write a note: only a pinned key's checkpoints count
+            continue
+        report.checkpoints_checked += 1
+        if cp.size == 0:
+            restore = cp.extension("restore")
+            if restore:
+                report.restored_from = restore
+        if cp.size > length:
+            covered = max(covered, cp.size)
+            continue
+        got = roots.get(cp.size)
+        if got is None:
+            continue  # beyond a gap: already reported
+        if got != cp.root:
+            issues.append(Issue(good_size, TAMPER, f"checkpoint at size {cp.size} does not match the stored entries: edited or re-sealed (entries {good_size}..{cp.size - 1})"))
+            continue
+        head = cp.chain_head
+        want_head = by_seq[cp.size - 1].hash if cp.size > 0 and (cp.size - 1) in by_seq else genesis(chain_id, epoch)
+        if head is not None and head != want_head:
+            issues.append(Issue(max(cp.size - 1, 0), TAMPER, f"checkpoint at size {cp.size} names another chain head"))
+            continue
+        good_size = max(good_size, cp.size)
+        if c.trusted:
+            report.signed_size = max(report.signed_size, cp.size)
+    if covered:
+        issues.append(Issue(length, TAMPER, f"truncated: signed checkpoint covers {covered} entries, found {length}"))
+    if key_pinned and length > 0 and report.checkpoints_checked == 0:
+        issues.append(Issue(0, TAMPER, f"no checkpoint signed by the trusted key ({untrusted} signed by other keys): re-sealed, or sealed with another key"))
+    report.untrusted_checkpoints = untrusted
+    issues.sort(key=lambda i: (i.index, i.kind != TAMPER))
+    report.issues = issues
+    if issues:
+        report.valid = False
+        report.first_broken_index = issues[0].index
+        report.reason = issues[0].reason
+    return report

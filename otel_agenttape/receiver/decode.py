@@ -1,0 +1,312 @@
+"""OTLP request decoding: protobuf or OTLP JSON (+gzip/deflate) into the collector request messages.
+
+Decoding and validation are separate steps: ``decode_*`` raises ``DecodeError`` when the body
+cannot be read as a request at all (the whole request gets a 400); ``validate_*`` removes the
+spans or log records that are individually invalid (wrong id length, all-zero ids) so the rest can
+be stored and the client told with a partial success.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError as _ProtoDecodeError
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+DEFAULT_MAX_BODY = 20 * 1024 * 1024
+
+_ZERO_TRACE = bytes(16)
+_ZERO_SPAN = bytes(8)
+_INFLATE_CHUNK = 256 * 1024
+
+
+class DecodeError(ValueError):
+    """The body is not a decodable OTLP request (answered with HTTP 400 / INVALID_ARGUMENT)."""
+
+
+class UnsupportedMediaType(ValueError):
+    """Content type or content encoding the receiver does not read (HTTP 415)."""
+
+
+class BodyTooLarge(ValueError):
+    """Body over the limit, before or after decompression (HTTP 413 / RESOURCE_EXHAUSTED)."""
+
+
+def media_type(content_type: str | None) -> str:
+    """Return ``application/x-protobuf`` or ``application/json`` for a Content-Type header."""
+    base = (content_type or "").split(";", 1)[0].strip().lower()
+    if base in (PROTOBUF, "application/protobuf", "application/vnd.google.protobuf"):
+        return PROTOBUF
+    if base == JSON:
+        return JSON
+    raise UnsupportedMediaType(f"unsupported content type {content_type!r}; use {PROTOBUF} or {JSON}")
+
+
+def decompress(body: bytes, encoding: str | None, limit: int = DEFAULT_MAX_BODY) -> bytes:
+    """Inflate a gzip/deflate body, refusing once the output passes ``limit`` (a bomb is never fully inflated)."""
+    enc = (encoding or "identity").strip().lower()
+    if enc in ("", "identity"):
+        if len(body) > limit:
+            raise BodyTooLarge(f"request body of {len(body)} bytes exceeds the limit of {limit} bytes")
+        return body
+    if enc in ("gzip", "x-gzip"):
+        wbits = 16 + zlib.MAX_WBITS
+    elif enc == "deflate":
+        wbits = zlib.MAX_WBITS
+    else:
+        raise UnsupportedMediaType(f"unsupported content encoding {encoding!r}; use gzip, deflate or identity")
+    d = zlib.decompressobj(wbits)
+    out: list[bytes] = []
+    total = 0
+    data = body
+    try:
+        while data:
+            chunk = d.decompress(data, _INFLATE_CHUNK)
+            total += len(chunk)
+            if total > limit:
+                raise BodyTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+            out.append(chunk)
+            data = d.unconsumed_tail
+            if d.eof:
+                break
+        if not d.eof:
+            raise DecodeError(f"truncated {enc} body")
+    except zlib.error as exc:
+        raise DecodeError(f"invalid {enc} body: {exc}") from None
+    return b"".join(out)
+
+
+# --- OTLP JSON -------------------------------------------------------------------------------
+
+
+def _hex_to_b64(obj: dict[str, Any], key: str, where: str) -> None:
+    value = obj.get(key)
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise DecodeError(f"{where}.{key} must be a hex string, got {type(value).__name__}")
+    if value == "":
+        return
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        raise DecodeError(f"{where}.{key} is not valid hex: {value[:80]!r}") from None
+    obj[key] = base64.b64encode(raw).decode("ascii")
+
+
+def _items(obj: dict[str, Any], key: str, where: str) -> list[Any]:
+    value = obj.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise DecodeError(f"{where}.{key} must be an array")
+    for item in value:
+        if not isinstance(item, dict):
+            raise DecodeError(f"{where}.{key} must hold objects")
+    return value
+
+
+def _fix_trace_ids(doc: dict[str, Any]) -> None:
+    for r, rs in enumerate(_items(doc, "resourceSpans", "request")):
+        for s, ss in enumerate(_items(rs, "scopeSpans", f"resourceSpans[{r}]")):
+            for i, span in enumerate(_items(ss, "spans", f"resourceSpans[{r}].scopeSpans[{s}]")):
+                where = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
+                for key in ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"):
+                    _hex_to_b64(span, key, where)
+                for j, link in enumerate(_items(span, "links", where)):
+                    for key in ("traceId", "spanId", "trace_id", "span_id"):
+                        _hex_to_b64(link, key, f"{where}.links[{j}]")
+
+
+def _fix_log_ids(doc: dict[str, Any]) -> None:
+    for r, rl in enumerate(_items(doc, "resourceLogs", "request")):
+        for s, sl in enumerate(_items(rl, "scopeLogs", f"resourceLogs[{r}]")):
+            for i, rec in enumerate(_items(sl, "logRecords", f"resourceLogs[{r}].scopeLogs[{s}]")):
+                for key in ("traceId", "spanId", "trace_id", "span_id"):
+                    _hex_to_b64(rec, key, f"resourceLogs[{r}].scopeLogs[{s}].logRecords[{i}]")
+
+
+def _parse_json(body: bytes, msg: Any, fix: Any) -> Any:
+    try:
+        doc = orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"invalid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise DecodeError("an OTLP JSON request must be an object")
+    fix(doc)
+    try:
+        json_format.ParseDict(doc, msg, ignore_unknown_fields=True)
+    except json_format.ParseError as exc:
+        raise DecodeError(f"invalid OTLP JSON: {exc}") from None
+    except (ValueError, TypeError) as exc:
+        raise DecodeError(f"invalid OTLP JSON: {exc}") from None
+    return msg
+
+
+def _parse_proto(body: bytes, msg: Any) -> Any:
+    try:
+        msg.ParseFromString(body)
+    except (_ProtoDecodeError, ValueError, RuntimeError) as exc:
+        raise DecodeError(f"invalid OTLP protobuf: {exc}") from None
+    return msg
+
+
+def decode_traces(body: bytes, content_type: str) -> ExportTraceServiceRequest:
+    """Decode an (already decompressed) OTLP trace request; raises ``DecodeError``."""
+    msg = ExportTraceServiceRequest()
+    if media_type(content_type) == JSON:
+        return _parse_json(body, msg, _fix_trace_ids)
+    return _parse_proto(body, msg)
+
+
+def decode_logs(body: bytes, content_type: str) -> ExportLogsServiceRequest:
+    """Decode an (already decompressed) OTLP logs request; raises ``DecodeError``."""
+    msg = ExportLogsServiceRequest()
+    if media_type(content_type) == JSON:
+        return _parse_json(body, msg, _fix_log_ids)
+    return _parse_proto(body, msg)
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+@dataclass
+class Validated:
+    """A request with its invalid items removed; ``rejected`` = how many were dropped, ``accepted`` kept."""
+
+    request: Any
+    accepted: int
+    rejected: int
+    message: str
+    changed: bool
+
+
+def _span_problem(span: Any) -> str | None:
+    tid = span.trace_id
+    if len(tid) != 16:
+        return f"trace_id must be 16 bytes, got {len(tid)}"
+    if tid == _ZERO_TRACE:
+        return "trace_id is all zeros"
+    sid = span.span_id
+    if len(sid) != 8:
+        return f"span_id must be 8 bytes, got {len(sid)}"
+    if sid == _ZERO_SPAN:
+        return "span_id is all zeros"
+    pid = span.parent_span_id
+    if pid and len(pid) != 8:
+        return f"parent_span_id must be empty or 8 bytes, got {len(pid)}"
+    for link in span.links:
+        if len(link.trace_id) != 16 or len(link.span_id) != 8:
+            return "link ids must be 16 (trace) and 8 (span) bytes"
+    return None
+
+
+def _all_spans_valid(spans: Any) -> bool:
+    """Fast pass over the common case (every span valid); the slow pass says what is wrong."""
+    for sp in spans:
+        t, s = sp.trace_id, sp.span_id
+        if len(t) != 16 or len(s) != 8 or t == _ZERO_TRACE or s == _ZERO_SPAN:
+            return False
+        p = sp.parent_span_id
+        if p and len(p) != 8:
+            return False
+        if sp.links:
+            for link in sp.links:
+                if len(link.trace_id) != 16 or len(link.span_id) != 8:
+                    return False
+    return True
+
+
+def _summary(problems: dict[str, int]) -> str:
+    parts = [f"{n} with {why}" for why, n in sorted(problems.items(), key=lambda kv: -kv[1])]
+    return "rejected spans: " + "; ".join(parts)
+
+
+def validate_traces(req: ExportTraceServiceRequest) -> Validated:
+    """Drop spans with invalid ids; returns the request (mutated in place only when something was dropped)."""
+    accepted = 0
+    problems: dict[str, int] = {}
+    bad_spans: list[tuple[Any, list[int]]] = []
+    for rs in req.resource_spans:
+        for ss in rs.scope_spans:
+            if _all_spans_valid(ss.spans):
+                accepted += len(ss.spans)
+                continue
+            bad: list[int] = []
+            for i, span in enumerate(ss.spans):
+                why = _span_problem(span)
+                if why is None:
+                    accepted += 1
+                else:
+                    bad.append(i)
+                    problems[why] = problems.get(why, 0) + 1
+            if bad:
+                bad_spans.append((ss, bad))
+    rejected = sum(problems.values())
+    if not rejected:
+        return Validated(req, accepted, 0, "", False)
+    for ss, bad in bad_spans:
+        for i in reversed(bad):
+            del ss.spans[i]
+    return Validated(req, accepted, rejected, _summary(problems), True)
+
+
+def _log_problem(rec: Any) -> str | None:
+    tid, sid = rec.trace_id, rec.span_id
+    if tid and len(tid) != 16:
+        return f"trace_id must be empty or 16 bytes, got {len(tid)}"
+    if sid and len(sid) != 8:
+        return f"span_id must be empty or 8 bytes, got {len(sid)}"
+    return None
+
+
+def validate_logs(req: ExportLogsServiceRequest) -> Validated:
+    """Drop log records with invalid ids (ids are optional on logs, but must have the right length)."""
+    accepted = 0
+    problems: dict[str, int] = {}
+    bad_recs: list[tuple[Any, list[int]]] = []
+    for rl in req.resource_logs:
+        for sl in rl.scope_logs:
+            bad: list[int] = []
+            for i, rec in enumerate(sl.log_records):
+                why = _log_problem(rec)
+                if why is None:
+                    accepted += 1
+                else:
+                    bad.append(i)
+                    problems[why] = problems.get(why, 0) + 1
+            if bad:
+                bad_recs.append((sl, bad))
+    rejected = sum(problems.values())
+    if not rejected:
+        return Validated(req, accepted, 0, "", False)
+    for sl, bad in bad_recs:
+        for i in reversed(bad):
+            del sl.log_records[i]
+    return Validated(req, accepted, rejected, _summary(problems).replace("spans", "log records"), True)
+
+
+def count_spans(req: ExportTraceServiceRequest) -> int:
+    """Number of spans in a trace request."""
+    return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+
+
+def count_logs(req: ExportLogsServiceRequest) -> int:
+    """Number of log records in a logs request."""
+    return sum(len(sl.log_records) for rl in req.resource_logs for sl in rl.scope_logs)
+
+
+def encode_message(msg: Any, media: str) -> bytes:
+    """Serialize a response message in the request's encoding (OTLP JSON for JSON)."""
+    if media == JSON:
+        return json_format.MessageToJson(msg, indent=None).encode()
+    return msg.SerializeToString()
+

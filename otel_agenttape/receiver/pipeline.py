@@ -1,0 +1,381 @@
+"""From an accepted request to the store: admission (bounded queue), WAL append, batched store writes.
+
+Transports call ``accept``; it returns only once the request is durable in the write-ahead log.
+One writer thread drains the in-memory queue into ``Store.write_traces``/``write_logs`` in large
+batches (every request that arrived while the previous batch was being written), then tells the
+WAL those records are applied. Large backlogs are converted to Arrow rows by a pool of worker
+processes (``convert.py``) while this thread inserts the previous chunk. Memory stays bounded: when the queued bytes pass the limit,
+``accept`` raises ``Backpressure`` and the transport answers 429/503 with a retry delay.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from otel_agenttape.receiver.convert import ConvertPool
+from otel_agenttape.receiver.metrics import Metrics
+from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES, WriteAheadLog
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_QUEUE_BYTES = 128 * 1024 * 1024
+DEFAULT_MAX_BATCH_ITEMS = 50_000
+DEFAULT_MAX_BATCH_BYTES = 128 * 1024 * 1024
+_STORE_FAILURES_UNHEALTHY = 3
+_REPLAY_BATCH_BYTES = 32 * 1024 * 1024
+
+
+class Backpressure(Exception):
+    """Ingest is behind (``unavailable=False``: 429 / RESOURCE_EXHAUSTED) or not able to store (503 / UNAVAILABLE)."""
+
+    def __init__(self, message: str, retry_after: float, unavailable: bool) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.unavailable = unavailable
+
+
+@dataclass
+class _Item:
+    seq: int
+    kind: int
+    request: Any  # the decoded message, or None when only the payload is kept (pool mode)
+    payload: bytes
+    count: int
+    size: int
+
+    def message(self) -> Any:
+        return self.request if self.request is not None else parse_payload(self.kind, self.payload)
+
+
+def parse_payload(kind: int, payload: bytes) -> Any:
+    """Rebuild the request message of a WAL record."""
+    msg = ExportTraceServiceRequest() if kind == KIND_TRACES else ExportLogsServiceRequest()
+    msg.ParseFromString(payload)
+    return msg
+
+
+class IngestPipeline:
+    """Bounded, durable hand-off of decoded requests to one store writer thread."""
+
+    def __init__(
+        self,
+        store: Any,
+        wal: WriteAheadLog,
+        metrics: Metrics,
+        max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
+        max_batch_items: int = DEFAULT_MAX_BATCH_ITEMS,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        sink: Any = None,
+        pool: ConvertPool | None = None,
+        pool_threshold: int = 4000,
+        chunk_items: int = 8000,
+    ) -> None:
+        self.store = store
+        self.sink = sink  # optional ParquetSink: gets exactly the rows each write stored
+        # conversion in worker processes needs the store's two-step API (rows, then write_tables)
+        self.pool = pool if pool is not None and pool.workers > 0 and hasattr(store, "write_tables") else None
+        self.pool_threshold = pool_threshold
+        self.chunk_items = chunk_items
+        self.max_inflight = 2 * pool.workers if self.pool is not None else 0
+        self.wal = wal
+        self.metrics = metrics
+        self.max_queue_bytes = max_queue_bytes
+        self.max_batch_items = max_batch_items
+        self.max_batch_bytes = max_batch_bytes
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._idle = threading.Condition(self._lock)
+        self._queue: deque[_Item] = deque()
+        self._queue_count = 0  # spans + log records waiting in _queue
+        self._reserved_bytes = 0  # admitted, not yet in the store (includes WAL appends in flight)
+        self._reserved_items = 0
+        self._in_flight = 0  # admitted requests not yet in the store
+        self._store_failures = 0
+        self._closing = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self.last_applied_at = 0.0
+
+    # -- startup replay -----------------------------------------------------------------------
+
+    def replay_wal(self) -> int:
+        """Apply the records an earlier process left in the WAL; returns how many records were replayed."""
+        records = 0
+        traces: list[Any] = []
+        logs: list[Any] = []
+        size = 0
+        for kind, payload in self.wal.replay():
+            try:
+                msg = parse_payload(kind, payload)
+            except Exception:  # noqa: BLE001 - a record that passed CRC but not parsing is skipped
+                log.warning("skipping an unreadable WAL record of %d bytes", len(payload))
+                continue
+            (traces if kind == KIND_TRACES else logs).append(msg)
+            records += 1
+            size += len(payload)
+            if size >= min(self.max_batch_bytes, _REPLAY_BATCH_BYTES):
+                self._write(traces, logs)
+                traces, logs, size = [], [], 0
+        if traces or logs:
+            self._write(traces, logs)
+        self.wal.drop_replayed()
+        self.metrics.inc("agenttape_wal_replayed_records_total", records)
+        return records
+
+    # -- admission ----------------------------------------------------------------------------
+
+    def accept(self, kind: int, request: Any, payload: bytes, count: int) -> None:
+        """Make ``request`` durable and queue it for the store; raises ``Backpressure`` when full."""
+        size = len(payload)
+        with self._lock:
+            if self._closing:
+                raise Backpressure("the receiver is shutting down", 5.0, unavailable=True)
+            if self._store_failures >= _STORE_FAILURES_UNHEALTHY:
+                raise Backpressure("the store is failing; retry later", 5.0, unavailable=True)
+            if self._reserved_bytes and self._reserved_bytes + size > self.max_queue_bytes:
+                self.metrics.inc("agenttape_backpressure_total")
+                raise Backpressure(
+                    f"ingest queue full ({self._reserved_bytes} bytes waiting for the store)",
+                    self._retry_after(),
+                    unavailable=False,
+                )
+            self._reserved_bytes += size
+            self._reserved_items += count
+            self._in_flight += 1
+        try:
+            seq = self.wal.append(kind, payload)
+        except BaseException:
+            with self._lock:
+                self._reserved_bytes -= size
+                self._reserved_items -= count
+                self._in_flight -= 1
+                self._idle.notify_all()
+            raise
+        # keep one form in memory: bytes for the converter processes, else the decoded message
+        item = _Item(seq, kind, None, payload, count, size) if self.pool is not None else (
+            _Item(seq, kind, request, b"", count, size))
+        with self._lock:
+            self._queue.append(item)
+            self._queue_count += count
+            self._cond.notify()
+
+    def check_admission(self) -> None:
+        """Raise ``Backpressure`` when a request would surely be refused, before its body is read."""
+        with self._lock:
+            if self._closing:
+                raise Backpressure("the receiver is shutting down", 5.0, unavailable=True)
+            if self._store_failures >= _STORE_FAILURES_UNHEALTHY:
+                raise Backpressure("the store is failing; retry later", 5.0, unavailable=True)
+            if self._reserved_bytes >= self.max_queue_bytes:
+                self.metrics.inc("agenttape_backpressure_total")
+                raise Backpressure(
+                    f"ingest queue full ({self._reserved_bytes} bytes waiting for the store)",
+                    self._retry_after(),
+                    unavailable=False,
+                )
+
+    def _retry_after(self) -> float:
+        rate = self.metrics.store_rate_bytes()
+        if rate <= 0:
+            return 1.0
+        return float(min(30.0, max(1.0, round(self._reserved_bytes / rate))))
+
+    # -- writer -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the writer thread."""
+        self._thread = threading.Thread(target=self._run, name="agenttape-writer", daemon=True)
+        self._thread.start()
+
+    def _take_batch(self) -> list[_Item]:
+        batch: list[_Item] = []
+        items = nbytes = 0
+        while self._queue and (not batch or (items < self.max_batch_items and nbytes < self.max_batch_bytes)):
+            it = self._queue.popleft()
+            batch.append(it)
+            items += it.count
+            nbytes += it.size
+        self._queue_count -= items
+        return batch
+
+    def _take_chunk(self) -> list[_Item]:
+        """Consecutive items of one kind, about ``chunk_items`` spans or log records."""
+        chunk: list[_Item] = []
+        items = 0
+        kind = self._queue[0].kind
+        while self._queue and self._queue[0].kind == kind and (not chunk or items < self.chunk_items):
+            it = self._queue.popleft()
+            chunk.append(it)
+            items += it.count
+        self._queue_count -= items
+        return chunk
+
+    def _write(self, traces: list[Any], logs: list[Any]) -> None:
+        start = time.perf_counter()
+        if traces:
+            res = self.store.write_traces(traces)
+            self._to_sink(res)
+            self.metrics.inc("agenttape_spans_stored_total", getattr(res, "spans_stored", 0))
+            self.metrics.inc("agenttape_spans_duplicate_total", getattr(res, "duplicates", 0))
+        if logs:
+            res = self.store.write_logs(logs)
+            self._to_sink(res)
+            self.metrics.inc("agenttape_logs_stored_total", getattr(res, "logs_stored", 0))
+        self.metrics.observe("agenttape_store_write_seconds", time.perf_counter() - start)
+
+    def _to_sink(self, res: Any) -> None:
+        if self.sink is None or not getattr(res, "tables", None):
+            return
+        try:
+            self.sink.append(res.tables)
+        except Exception as exc:  # noqa: BLE001 - the lake is a copy; DuckDB already holds the rows
+            self.metrics.inc("agenttape_parquet_errors_total")
+            log.error("parquet sink failed: %s", exc)
+
+    def _roll_sink(self) -> None:
+        if self.sink is not None:
+            try:
+                self.sink.maybe_roll()
+            except Exception as exc:  # noqa: BLE001 - see _to_sink
+                self.metrics.inc("agenttape_parquet_errors_total")
+                log.error("parquet sink failed: %s", exc)
+
+    def _wait_for_work(self) -> bool:
+        """With the lock held: wait until something is queued; False once stopped and drained."""
+        while not self._queue and not self._stopped:
+            if not self._cond.wait(1.0):
+                self._lock.release()
+                try:
+                    self._roll_sink()
+                finally:
+                    self._lock.acquire()
+        return bool(self._queue)
+
+    def _retrying(self, write: Any) -> bool:
+        """Run ``write()`` until it succeeds; False if stopping while the store keeps failing."""
+        delay = 0.05
+        while True:
+            try:
+                write()
+                return True
+            except Exception as exc:  # noqa: BLE001 - the data is safe in the WAL; retry
+                with self._lock:
+                    self._store_failures += 1
+                self.metrics.inc("agenttape_store_errors_total")
+                log.error("store write failed (will retry): %s", exc)
+                if self._stopped and self._store_failures > 10:
+                    return False  # acknowledged data stays in the WAL for the next start
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _applied(self, batch: list[_Item]) -> None:
+        nbytes = sum(it.size for it in batch)
+        self.metrics.record_store_batch(nbytes)
+        self.wal.mark_applied([it.seq for it in batch])
+        with self._lock:
+            self._store_failures = 0
+            self._reserved_bytes -= nbytes
+            self._reserved_items -= sum(it.count for it in batch)
+            self._in_flight -= len(batch)
+            self.last_applied_at = time.time()
+            self._idle.notify_all()
+
+    def _write_converted(self, chunk: list[_Item], future: Any) -> None:
+        try:
+            tables = future.result()
+        except Exception as exc:  # noqa: BLE001 - a broken worker: convert here instead
+            log.warning("row conversion in a worker failed (%s); converting in the writer", exc)
+            msgs = [it.message() for it in chunk]
+            kind = chunk[0].kind
+            self._write(msgs if kind == KIND_TRACES else [], msgs if kind == KIND_LOGS else [])
+            return
+        start = time.perf_counter()
+        res = self.store.write_tables(tables)
+        self._to_sink(res)
+        if chunk[0].kind == KIND_TRACES:
+            self.metrics.inc("agenttape_spans_stored_total", res.spans_stored)
+            self.metrics.inc("agenttape_spans_duplicate_total", res.duplicates)
+        else:
+            self.metrics.inc("agenttape_logs_stored_total", res.logs_stored)
+        self.metrics.observe("agenttape_store_write_seconds", time.perf_counter() - start)
+
+    def _run(self) -> None:
+        inflight: deque[tuple[list[_Item], Any]] = deque()
+        while True:
+            chunks: list[list[_Item]] = []
+            batch: list[_Item] = []
+            with self._lock:
+                if not inflight and not self._wait_for_work():
+                    break
+                pooled = self.pool is not None and (bool(inflight) or self._queue_count >= self.pool_threshold)
+                if pooled:
+                    while self._queue and len(inflight) + len(chunks) < self.max_inflight:
+                        chunks.append(self._take_chunk())
+                else:
+                    batch = self._take_batch()
+            if pooled:
+                assert self.pool is not None
+                for chunk in chunks:
+                    inflight.append((chunk, self.pool.submit(chunk[0].kind, [it.payload for it in chunk])))
+                chunk, future = inflight.popleft()
+                if not self._retrying(lambda: self._write_converted(chunk, future)):
+                    return
+                self._applied(chunk)
+                continue
+            traces = [it.message() for it in batch if it.kind == KIND_TRACES]
+            logs = [it.message() for it in batch if it.kind == KIND_LOGS]
+            if not self._retrying(lambda: self._write(traces, logs)):
+                return
+            self._applied(batch)
+        if self.sink is not None:
+            try:
+                self.sink.close()
+            except Exception as exc:  # noqa: BLE001 - see _to_sink
+                log.error("parquet sink failed at close: %s", exc)
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._reserved_bytes
+
+    @property
+    def queued_items(self) -> int:
+        return self._reserved_items
+
+    @property
+    def queued_requests(self) -> int:
+        return self._in_flight
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until every admitted request is in the store; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._in_flight:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Refuse new requests, drain the queue into the store and stop; True when everything was stored."""
+        with self._lock:
+            self._closing = True
+        drained = self.wait_idle(timeout)
+        with self._lock:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=max(1.0, timeout))
+        if self.pool is not None:
+            self.pool.close()
+        return drained

@@ -1,0 +1,89 @@
+"""The transport-independent part of an OTLP export: decode, validate, make durable, build the response."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from otel_agenttape.receiver.decode import (
+    PROTOBUF,
+    DecodeError,
+    decode_logs,
+    decode_traces,
+    validate_logs,
+    validate_traces,
+)
+from otel_agenttape.receiver.metrics import Metrics
+from otel_agenttape.receiver.pipeline import Backpressure, IngestPipeline
+from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES
+
+TRACES = "traces"
+LOGS = "logs"
+
+
+class ExportService:
+    """Shared by the HTTP and gRPC transports so both apply the same rules."""
+
+    def __init__(self, pipeline: IngestPipeline, metrics: Metrics,
+                 is_ready: Callable[[], bool] = lambda: True) -> None:
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self.is_ready = is_ready
+
+    def export(self, signal: str, body: bytes, media: str) -> Any:
+        """Handle one decompressed request body; returns the Export*ServiceResponse.
+
+        Raises ``DecodeError`` (400) when nothing in the request can be stored and
+        ``Backpressure`` (429/503) when the queue is full or the receiver is not ready yet.
+        """
+        if not self.is_ready():
+            raise Backpressure("the receiver is starting (replaying its write-ahead log)", 2.0, unavailable=True)
+        if signal == TRACES:
+            req = decode_traces(body, media)
+            v = validate_traces(req)
+            kind, unit = KIND_TRACES, "spans"
+            resp: Any = ExportTraceServiceResponse()
+        else:
+            req = decode_logs(body, media)
+            v = validate_logs(req)
+            kind, unit = KIND_LOGS, "logs"
+            resp = ExportLogsServiceResponse()
+        if v.rejected:
+            self.metrics.inc(f"agenttape_{unit}_rejected_total", v.rejected, reason="invalid_id")
+            if not v.accepted:
+                raise DecodeError(f"no valid {'spans' if kind == KIND_TRACES else 'log records'}: {v.message}")
+        if v.accepted:
+            payload = body if media == PROTOBUF and not v.changed else v.request.SerializeToString()
+            self.pipeline.accept(kind, v.request, payload, v.accepted)
+            self.metrics.inc(f"agenttape_{unit}_accepted_total", v.accepted)
+        if v.rejected:
+            if kind == KIND_TRACES:
+                resp.partial_success.rejected_spans = v.rejected
+            else:
+                resp.partial_success.rejected_log_records = v.rejected
+            resp.partial_success.error_message = v.message
+        return resp
+
+
+def rpc_status(code: int, message: str, retry_after: float | None = None, bad_request: bool = False) -> status_pb2.Status:
+    """A google.rpc.Status with RetryInfo (throttling) or BadRequest (invalid data) details."""
+    st = status_pb2.Status(code=code, message=message)
+    if retry_after is not None:
+        st.details.add().Pack(retry_info(retry_after))
+    if bad_request:
+        br = error_details_pb2.BadRequest()
+        br.field_violations.add(field="request", description=message)
+        st.details.add().Pack(br)
+    return st
+
+
+def retry_info(seconds: float) -> error_details_pb2.RetryInfo:
+    whole = int(seconds)
+    return error_details_pb2.RetryInfo(
+        retry_delay=duration_pb2.Duration(seconds=whole, nanos=int((seconds - whole) * 1e9))
+    )

@@ -1,0 +1,234 @@
+"""``ResumableModelClient``: a recorded model result on a hit, a real (recorded) call on a miss."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from .index import Call, ResumeIndex
+from .keys import MODEL, to_jsonable
+from .recording import mark_result, model_node
+
+Codec = Callable[[Any], Any]
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _default_delta_text(delta: Any) -> str:
+    return delta if isinstance(delta, str) else ""
+
+
+def _default_accumulate(deltas: list[Any]) -> Any:
+    if all(isinstance(d, str) for d in deltas):
+        return "".join(deltas)
+    return None
+
+
+class ResumableStream:
+    """Iterates a model stream's deltas; ``result`` holds the terminal result once exhausted.
+
+    On a hit it replays the recorded deltas, then the recorded terminal result, without calling the
+    model. On a miss it passes the live deltas through and commits them with the result at the end.
+    """
+
+    def __init__(self, owner: ResumableModelClient, call: Call, source: Callable[[], Any] | None) -> None:
+        self._owner = owner
+        self._call = call
+        self._source = source
+        self._iter: Iterator[Any] | None = None
+        self.result: Any = None
+        self.replayed = call.hit
+        self.done = False
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._iter is None:
+            self._iter = self._run()
+        return self._iter
+
+    def _run(self) -> Iterator[Any]:
+        owner, call = self._owner, self._call
+        try:
+            if call.hit:
+                for d in call.entry.deltas or []:  # type: ignore[union-attr]
+                    yield owner.decode_delta(d)
+                self.result = owner.decode(call.entry.result)  # type: ignore[union-attr]
+                self.done = True
+                return
+            with model_node(owner.run, call) as node:
+                live = self._source() if self._source else iter(())
+                recorded: list[Any] = []
+                for delta in live:
+                    enc = to_jsonable(owner.encode_delta(delta))
+                    recorded.append(enc)
+                    node.delta(owner.delta_text(enc), raw=enc)
+                    yield delta
+                terminal = owner.accumulate(recorded)
+                self.result = owner.decode(terminal) if terminal is not None else None
+                owner.index.record_result(call, terminal, deltas=recorded)
+                node.finish(raw=terminal)
+                mark_result(node, terminal, recorded)
+            self.done = True
+        finally:
+            owner.index.end(call)
+
+    def close(self) -> None:
+        """Release the call if the stream was never iterated (an iterated one releases itself)."""
+        if self._iter is None and not self.done:
+            self.done = True
+            self._owner.index.end(self._call)
+
+    def __enter__(self) -> ResumableStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncResumableStream:
+    """Async twin of ``ResumableStream``."""
+
+    def __init__(self, owner: ResumableModelClient, call: Call, source: Callable[[], Any] | None) -> None:
+        self._owner = owner
+        self._call = call
+        self._source = source
+        self.result: Any = None
+        self.replayed = call.hit
+        self.done = False
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._run()
+
+    async def _run(self) -> AsyncIterator[Any]:
+        owner, call = self._owner, self._call
+        try:
+            if call.hit:
+                for d in call.entry.deltas or []:  # type: ignore[union-attr]
+                    yield owner.decode_delta(d)
+                self.result = owner.decode(call.entry.result)  # type: ignore[union-attr]
+                self.done = True
+                return
+            with model_node(owner.run, call) as node:
+                live = self._source() if self._source else None
+                if inspect.isawaitable(live):
+                    live = await live
+                recorded: list[Any] = []
+
+                def keep(delta: Any) -> None:
+                    enc = to_jsonable(owner.encode_delta(delta))
+                    recorded.append(enc)
+                    node.delta(owner.delta_text(enc), raw=enc)
+
+                if live is not None:
+                    if hasattr(live, "__aiter__"):
+                        async for delta in live:
+                            keep(delta)
+                            yield delta
+                    else:
+                        for delta in live:
+                            keep(delta)
+                            yield delta
+                terminal = owner.accumulate(recorded)
+                self.result = owner.decode(terminal) if terminal is not None else None
+                owner.index.record_result(call, terminal, deltas=recorded)
+                node.finish(raw=terminal)
+                mark_result(node, terminal, recorded)
+            self.done = True
+        finally:
+            owner.index.end(call)
+
+    async def __aenter__(self) -> AsyncResumableStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class ResumableModelClient:
+    """Wraps a model client so completed calls are not paid for again on a resumed run.
+
+    ``client`` is a callable ``client(request)`` or an object with ``create(request)`` (and
+    optionally ``acreate``/``stream``/``astream``). ``request`` is the whole prompt and parameters;
+    its canonical sha256 and occurrence ordinal key the call. ``encode``/``decode`` turn results into
+    JSON values and back (SDK adapters use them); ``accumulate`` turns recorded stream deltas into
+    the stream's terminal result. ``run`` (a capture ``Run``) records each real call as a model
+    node carrying its resume key; ``delta_text`` gives the text of a recorded delta for that node.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        index: ResumeIndex,
+        *,
+        encode: Codec = _identity,
+        decode: Codec = _identity,
+        encode_delta: Codec = _identity,
+        decode_delta: Codec = _identity,
+        accumulate: Callable[[list[Any]], Any] = _default_accumulate,
+        delta_text: Callable[[Any], str] = _default_delta_text,
+        run: Any = None,
+    ) -> None:
+        self.delta_text = delta_text
+        self.run = run
+        self.client = client
+        self.index = index
+        self.encode = encode
+        self.decode = decode
+        self.encode_delta = encode_delta
+        self.decode_delta = decode_delta
+        self.accumulate = accumulate
+
+    def _fn(self, *names: str) -> Callable[..., Any]:
+        for n in names:
+            fn = getattr(self.client, n, None)
+            if fn is not None:
+                return fn
+        if callable(self.client):
+            return self.client
+        raise TypeError(f"model client has none of {names}")
+
+    def create(self, request: Any, *, call: Callable[[], Any] | None = None) -> Any:
+        """The recorded result on a hit; otherwise call the model, record, and return its result."""
+        c = self.index.begin(MODEL, request)
+        try:
+            if c.hit:
+                return self.decode(c.entry.result)  # type: ignore[union-attr]
+            with model_node(self.run, c) as node:
+                result = call() if call is not None else self._fn("create")(request)
+                encoded = to_jsonable(self.encode(result))
+                self.index.record_result(c, encoded)
+                node.finish(raw=encoded)
+                mark_result(node, encoded)
+            return result
+        finally:
+            self.index.end(c)
+
+    async def acreate(self, request: Any, *, call: Callable[[], Any] | None = None) -> Any:
+        c = self.index.begin(MODEL, request)
+        try:
+            if c.hit:
+                return self.decode(c.entry.result)  # type: ignore[union-attr]
+            with model_node(self.run, c) as node:
+                result = call() if call is not None else self._fn("acreate", "create")(request)
+                if inspect.isawaitable(result):
+                    result = await result
+                encoded = to_jsonable(self.encode(result))
+                self.index.record_result(c, encoded)
+                node.finish(raw=encoded)
+                mark_result(node, encoded)
+            return result
+        finally:
+            self.index.end(c)
+
+    def stream(self, request: Any, *, call: Callable[[], Any] | None = None) -> ResumableStream:
+        """Stream deltas: recorded ones on a hit (then the terminal result), live ones on a miss."""
+        c = self.index.begin(MODEL, request)
+        source = call if call is not None else (lambda: self._fn("stream")(request))
+        return ResumableStream(self, c, None if c.hit else source)
+
+    def astream(self, request: Any, *, call: Callable[[], Any] | None = None) -> AsyncResumableStream:
+        c = self.index.begin(MODEL, request)
+        source = call if call is not None else (lambda: self._fn("astream", "stream")(request))
+        return AsyncResumableStream(self, c, None if c.hit else source)

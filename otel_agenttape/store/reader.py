@@ -1,0 +1,229 @@
+"""Read a tape store wherever it is: a DuckDB file, a Parquet lake folder, a running server, or memory.
+
+Every reader answers ``query(sql, params) -> pyarrow.Table`` over the same table and view names.
+DuckDB lets one process write a file; when ``agenttape serve`` holds it, the reader finds the server
+through the discovery file ``<db>.serve.json`` ({"url", "pid", "token"}) and sends the query to its
+``POST /api/query`` endpoint (JSON in, Arrow IPC stream out). Local readers open DuckDB with external
+access disabled and the configuration locked, so a query can only read the store itself.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from otel_agenttape.store import schema, views
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+class StoreError(Exception):
+    """A store cannot be opened or a query failed; the message is meant for the user."""
+
+
+class QueryError(StoreError):
+    """The query itself was refused or failed."""
+
+
+def discovery_path(db_path: str) -> str:
+    """Where a running server announces itself for ``db_path``."""
+    return f"{db_path}.serve.json"
+
+
+class Reader:
+    """Common interface: ``query`` returns an Arrow table; ``close`` releases the source."""
+
+    description: str = ""
+    kind: str = ""
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the source."""
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ConnectionReader(Reader):
+    """A reader over a DuckDB connection (a read-only file, a lake, or a writer's cursor)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, description: str = "", kind: str = "duckdb",
+                 owns: bool = True) -> None:
+        self.con = con
+        self.description = description
+        self.kind = kind
+        self._owns = owns
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        try:
+            return self.con.sql(sql, params=list(params) if params else None).to_arrow_table()
+        except duckdb.Error as exc:
+            raise QueryError(str(exc)) from exc
+
+    def close(self) -> None:
+        if self._owns:
+            self.con.close()
+
+
+class HttpReader(Reader):
+    """Queries a running ``agenttape serve`` through ``POST /api/query``."""
+
+    kind = "server"
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0, description: str = "") -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.description = description or self.url
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        body = json.dumps({"sql": sql, "params": list(params) if params else []}, default=str).encode()
+        req = urllib.request.Request(
+            self.url + "/api/query",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json", "Accept": ARROW_STREAM},
+        )
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                data = resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode("utf-8", "replace")
+            try:
+                detail = json.loads(detail).get("error", detail)
+            except (ValueError, AttributeError):
+                pass
+            if exc.code == 401:
+                raise StoreError(f"the server at {self.url} refused the token (401): {detail}") from exc
+            raise QueryError(detail.strip() or f"HTTP {exc.code}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise StoreError(f"cannot reach the running server at {self.url}: {exc}") from exc
+        with ipc.open_stream(pa.BufferReader(data)) as stream:
+            return stream.read_all()
+
+
+def _lake_files(root: str, table: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(root, table, "**", "*.parquet"), recursive=True))
+
+
+def is_lake(path: str) -> bool:
+    """A folder holding ``spans/`` or any other store table folder."""
+    return os.path.isdir(path) and any(os.path.isdir(os.path.join(path, t)) for t in schema.TABLES)
+
+
+def open_lake(root: str) -> ConnectionReader:
+    """An in-memory DuckDB with one view per table over the lake's Parquet files, plus the store views."""
+    root = os.path.abspath(root)
+    con = duckdb.connect(":memory:")
+    for table in schema.TABLES:
+        files = _lake_files(root, table)
+        if not files:
+            con.execute(schema.table_ddl(table))
+            continue
+        pattern = os.path.join(root, table, "**", "*.parquet").replace("'", "''")
+        cols = ", ".join(schema.column_names(table))
+        if any(c == "date" for c in schema.column_names(table)):
+            src = (
+                f"read_parquet('{pattern}', hive_partitioning = true, hive_types = {{'date': DATE}}, "
+                f"union_by_name = true)"
+            )
+        else:
+            src = f"read_parquet('{pattern}', union_by_name = true)"
+        con.execute(f"CREATE VIEW {table} AS SELECT {cols} FROM {src}")
+    views.create_views(con)
+    con.execute(f"SET allowed_directories = ['{root.replace(chr(39), chr(39) * 2)}/']")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET lock_configuration = true")
+    return ConnectionReader(con, description=root, kind="lake")
+
+
+def _read_discovery(db_path: str) -> dict[str, Any] | None:
+    path = discovery_path(db_path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            info = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"unreadable server discovery file {path}: {exc}") from exc
+    if not isinstance(info, dict) or not info.get("url"):
+        raise StoreError(f"server discovery file {path} has no url")
+    return info
+
+
+def open_duckdb(db_path: str) -> Reader:
+    """Read-only DuckDB reader; through the running server when the file is locked by it."""
+    if not os.path.exists(db_path):
+        raise StoreError(f"no tape store at {db_path} (run `agenttape serve --db {db_path}` or `agenttape demo`)")
+    try:
+        con = duckdb.connect(
+            db_path,
+            read_only=True,
+            config={
+                "enable_external_access": False,
+                "autoload_known_extensions": False,
+                "autoinstall_known_extensions": False,
+                "lock_configuration": True,
+            },
+        )
+    except (duckdb.IOException, duckdb.ConnectionException) as exc:
+        info = _read_discovery(db_path)
+        if info is None:
+            raise StoreError(
+                f"{db_path} is locked by another process and no running server announces it "
+                f"({discovery_path(db_path)} missing): stop that process or read a copy of the file"
+            ) from exc
+        return HttpReader(str(info["url"]), token=info.get("token"), description=f"{db_path} via {info['url']}")
+    except duckdb.Error as exc:
+        raise StoreError(f"cannot open {db_path}: {exc}") from exc
+    return ConnectionReader(con, description=db_path, kind="duckdb")
+
+
+def open_reader(source: Any) -> Reader:
+    """Open a reader on a DuckDB file, a Parquet lake folder, a ``Store`` (in memory), or a server URL."""
+    from otel_agenttape.store.writer import Store
+
+    if isinstance(source, Reader):
+        return source
+    if isinstance(source, Store):
+        return source.reader()
+    src = os.fspath(source)
+    if src.startswith(("http://", "https://")):
+        return HttpReader(src)
+    if os.path.isdir(src):
+        if not is_lake(src):
+            raise StoreError(f"{src} is a folder but not a Parquet lake (no spans/ or other table folders)")
+        return open_lake(src)
+    return open_duckdb(src)
+
+
+__all__ = [
+    "ARROW_STREAM",
+    "ConnectionReader",
+    "HttpReader",
+    "QueryError",
+    "Reader",
+    "StoreError",
+    "discovery_path",
+    "is_lake",
+    "open_duckdb",
+    "open_lake",
+    "open_reader",
+]

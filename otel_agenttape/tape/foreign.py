@@ -1,0 +1,542 @@
+"""Nodes from spans of any convention: agenttape, OTel GenAI, OpenInference, OpenLLMetry.
+
+Each span is classified (run, model, tool, other) by attributes, never by span name, and its
+content is read from the first convention that has it: GenAI attributes (JSON text or structured),
+the ``gen_ai.client.inference.operation.details`` log record, the older per-message log events,
+OpenInference flattened ``llm.*_messages.N.message.*`` attributes and ``input.value``/``output.value``,
+and OpenLLMetry's legacy indexed ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from .. import semconv as sc
+from .content import dump_json, maybe_json, structured, to_messages, tool_definitions
+from .load import SpanRow
+from .model import Message, Node, Usage
+
+RUN = "run"
+MODEL = "model"
+TOOL = "tool"
+OTHER = "other"
+
+_OI_KINDS = {"LLM": MODEL, "TOOL": TOOL, "AGENT": RUN}
+_TRACELOOP_KINDS = {"tool": TOOL, "agent": RUN}
+_LEGACY_EVENTS = {
+    sc.EVENT_SYSTEM_MESSAGE: "system",
+    sc.EVENT_USER_MESSAGE: "user",
+    sc.EVENT_ASSISTANT_MESSAGE: "assistant",
+    sc.EVENT_TOOL_MESSAGE: "tool",
+}
+OI_SESSION_ID = sc.OI_SESSION_ID
+OI_AGENT_NAME = sc.OI_AGENT_NAME
+OI_LLM_TOOLS = sc.OI_LLM_TOOLS + "."
+LLM_REQUEST_TYPE = sc.LLM_REQUEST_TYPE
+LLM_REQUEST_FUNCTIONS = sc.LLM_REQUEST_FUNCTIONS_PREFIX
+
+
+def _is_indexed(attrs: dict[str, Any], prefix: str) -> bool:
+    return any(k.startswith(prefix) and k[len(prefix) : len(prefix) + 1].isdigit() for k in attrs)
+
+
+def convention(span: SpanRow) -> str:
+    a = span.attrs
+    if span.node_type or sc.RUN_ID in a or sc.NODE_TYPE in a:
+        return "agenttape"
+    if sc.OPENINFERENCE_SPAN_KIND in a:
+        return "openinference"
+    if (
+        sc.TRACELOOP_SPAN_KIND in a
+        or LLM_REQUEST_TYPE in a
+        or _is_indexed(a, sc.LEGACY_PROMPT_PREFIX)
+        or _is_indexed(a, sc.LEGACY_COMPLETION_PREFIX)
+    ):
+        return "openllmetry"
+    return "genai"
+
+
+def classify(span: SpanRow) -> str:
+    """run | model | tool | other, from attributes (span names differ between conventions)."""
+    if span.role is None:
+        span.role = _classify(span)
+    return span.role
+
+
+def _classify(span: SpanRow) -> str:
+    a = span.attrs
+    node_type = span.node_type or a.get(sc.NODE_TYPE)
+    if node_type in (RUN, MODEL, TOOL):
+        return node_type
+    op = span.operation_name or a.get(sc.GEN_AI_OPERATION_NAME)
+    if op == sc.OP_INVOKE_AGENT:
+        return RUN
+    if op in sc.MODEL_OPERATIONS:
+        return MODEL
+    if op == sc.OP_EXECUTE_TOOL:
+        return TOOL
+    oi = a.get(sc.OPENINFERENCE_SPAN_KIND)
+    if isinstance(oi, str) and oi.upper() in _OI_KINDS:
+        return _OI_KINDS[oi.upper()]
+    tl = a.get(sc.TRACELOOP_SPAN_KIND)
+    if isinstance(tl, str) and tl.lower() in _TRACELOOP_KINDS:
+        return _TRACELOOP_KINDS[tl.lower()]
+    if a.get(LLM_REQUEST_TYPE) in ("chat", "completion"):
+        return MODEL
+    if _is_indexed(a, sc.LEGACY_PROMPT_PREFIX) or _is_indexed(a, sc.LEGACY_COMPLETION_PREFIX):
+        return MODEL
+    if sc.OI_LLM_MODEL_NAME in a and _is_indexed(a, sc.OI_LLM_INPUT_MESSAGES + "."):
+        return MODEL
+    return OTHER
+
+
+def lacks_content(span: SpanRow) -> bool:
+    """A model span with no prompt on its attributes: its content may be on log records."""
+    if classify(span) != MODEL:
+        return False
+    a = span.attrs
+    return not (
+        sc.GEN_AI_INPUT_MESSAGES in a
+        or sc.OI_INPUT_VALUE in a
+        or _is_indexed(a, sc.OI_LLM_INPUT_MESSAGES + ".")
+        or _is_indexed(a, sc.LEGACY_PROMPT_PREFIX)
+    )
+
+
+# --- flattened attributes -----------------------------------------------------------------------
+
+
+def unflatten(attrs: dict[str, Any], prefix: str) -> Any:
+    """``prefix.0.message.role=...`` -> ``[{"message": {"role": ...}}]`` (digit segments = list)."""
+    root: dict[str, Any] = {}
+    for key, value in attrs.items():
+        if not key.startswith(prefix):
+            continue
+        parts = key[len(prefix) :].split(".")
+        node: Any = root
+        ok = True
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            elif not isinstance(nxt, dict):
+                ok = False
+                break
+            node = nxt
+        if ok and not isinstance(node.get(parts[-1]), dict):
+            node[parts[-1]] = value
+    return _listify(root)
+
+
+def _listify(value: Any) -> Any:
+    if isinstance(value, dict):
+        value = {k: _listify(v) for k, v in value.items()}
+        if value and all(k.isdigit() for k in value):
+            return [value[k] for k in sorted(value, key=int)]
+    return value
+
+
+def _indexed_list(attrs: dict[str, Any], prefix: str) -> list[Any]:
+    """Only the numbered entries under a prefix (``gen_ai.prompt.name`` is not a message)."""
+    tree = unflatten(attrs, prefix)
+    if isinstance(tree, list):
+        return tree
+    if isinstance(tree, dict):
+        return [tree[k] for k in sorted((k for k in tree if k.isdigit()), key=int)]
+    return []
+
+
+def _oi_messages(attrs: dict[str, Any], prefix: str) -> list[Message]:
+    raw = []
+    for entry in _indexed_list(attrs, prefix):
+        msg = entry.get("message") if isinstance(entry, dict) else None
+        if not isinstance(msg, dict):
+            continue
+        item: dict[str, Any] = {"role": msg.get("role") or "user"}
+        if msg.get("name"):
+            item["name"] = msg["name"]
+        contents = msg.get("contents")
+        if isinstance(contents, list) and msg.get("content") is None:
+            parts = []
+            for c in contents:
+                mc = c.get("message_content") if isinstance(c, dict) else None
+                if not isinstance(mc, dict):
+                    continue
+                kind = mc.get("type")
+                if kind == "text":
+                    parts.append({"type": "text", "text": mc.get("text", "")})
+                elif kind == "reasoning":
+                    parts.append({"type": "reasoning", "content": mc.get("text", "")})
+                elif kind == "image":
+                    url = (mc.get("image") or {}).get("image", {}).get("url")
+                    parts.append({"type": "uri", "modality": "image", "uri": url})
+                else:
+                    parts.append({"type": kind or "generic", **{k: v for k, v in mc.items() if k != "type"}})
+            item["content"] = parts
+        else:
+            item["content"] = msg.get("content")
+        calls = []
+        for tc in msg.get("tool_calls") or []:
+            call = tc.get("tool_call") if isinstance(tc, dict) else None
+            if isinstance(call, dict):
+                fn = call.get("function") or {}
+                calls.append(
+                    {"id": call.get("id"), "function": {"name": fn.get("name"), "arguments": fn.get("arguments")}}
+                )
+        if calls:
+            item["tool_calls"] = calls
+        if msg.get("tool_call_id"):
+            item["tool_call_id"] = msg["tool_call_id"]
+        raw.append(item)
+    return to_messages(raw)
+
+
+def _legacy_messages(attrs: dict[str, Any], prefix: str) -> list[Message]:
+    raw = []
+    for entry in _indexed_list(attrs, prefix):
+        if not isinstance(entry, dict):
+            continue
+        item: dict[str, Any] = {
+            "role": entry.get("role") or ("assistant" if prefix == sc.LEGACY_COMPLETION_PREFIX else "user"),
+            "content": entry.get("content"),
+        }
+        if entry.get("tool_call_id"):
+            item["tool_call_id"] = entry["tool_call_id"]
+        calls = [c for c in entry.get("tool_calls") or [] if isinstance(c, dict)]
+        if calls:
+            item["tool_calls"] = calls
+        if entry.get("finish_reason"):
+            item["finish_reason"] = entry["finish_reason"]
+        raw.append(item)
+    return to_messages(raw)
+
+
+def _response_messages(value: Any) -> list[Message]:
+    """Output messages from a provider response body (OpenAI chat shape or plain text)."""
+    value = structured(value)
+    if isinstance(value, dict) and isinstance(value.get("choices"), list):
+        out = []
+        for choice in value["choices"]:
+            if isinstance(choice, dict) and isinstance(choice.get("message"), dict):
+                msgs = to_messages([choice["message"]], "assistant")
+                for m in msgs:
+                    m.finish_reason = choice.get("finish_reason")
+                out.extend(msgs)
+        return out
+    if isinstance(value, (dict, list)):
+        return to_messages(value, "assistant")
+    if value is None or value == "":
+        return []
+    return [Message(role="assistant", parts=[{"type": "text", "content": str(value)}])]
+
+
+# --- log records --------------------------------------------------------------------------------
+
+
+def _from_logs(span: SpanRow) -> tuple[dict[str, Any], list[Message], list[Message]]:
+    """Content carried on log records correlated with the span."""
+    details: dict[str, Any] = {}
+    inputs: list[Message] = []
+    outputs: list[Message] = []
+    for log in span.logs:
+        name = log.get("event_name")
+        body = log.get("body")
+        if name == sc.EVENT_INFERENCE_DETAILS:
+            for k, v in log["attrs"].items():
+                details.setdefault(k, v)
+            if isinstance(body, dict):
+                for k, v in body.items():
+                    details.setdefault(k, v)
+        elif name in _LEGACY_EVENTS:
+            role = _LEGACY_EVENTS[name]
+            item: dict[str, Any] = {"role": role}
+            if isinstance(body, dict):
+                item["content"] = body.get("content")
+                if body.get("tool_calls"):
+                    item["tool_calls"] = body["tool_calls"]
+                if role == "tool":
+                    item["tool_call_id"] = body.get("id") or ""
+            elif body is not None:
+                item["content"] = body
+            inputs.extend(to_messages([item]))
+        elif name == sc.EVENT_CHOICE and isinstance(body, dict):
+            msg = dict(body.get("message") or {})
+            msg.setdefault("role", "assistant")
+            for m in to_messages([msg], "assistant"):
+                m.finish_reason = body.get("finish_reason")
+                outputs.append(m)
+    return details, inputs, outputs
+
+
+# --- payload integrity --------------------------------------------------------------------------
+
+
+def truncated_keys(span: SpanRow) -> list[str]:
+    """Attributes recorded as cut, or whose recorded length/hash no longer matches."""
+    a = span.attrs
+    keys = [str(k) for k in (a.get(sc.TRUNCATED) or []) if k]
+    for key, value in a.items():
+        if key.endswith(sc.PAYLOAD_LENGTH_SUFFIX):
+            base = key[: -len(sc.PAYLOAD_LENGTH_SUFFIX)]
+            current = a.get(base)
+            if base in keys:
+                continue
+            data = (current if isinstance(current, str) else dump_json(current)).encode("utf-8")
+            if current is None or len(data) != int(value):
+                keys.append(base)
+                continue
+            digest = a.get(base + sc.PAYLOAD_SHA256_SUFFIX)
+            if digest and hashlib.sha256(data).hexdigest() != digest:
+                keys.append(base)
+    if span.dropped_events:
+        keys.append("events")
+    return keys
+
+
+# --- extraction ---------------------------------------------------------------------------------
+
+
+def _int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _first(a: dict[str, Any], *keys: str) -> Any:
+    for k in keys:
+        v = a.get(k)
+        if v is not None and v != "":
+            return v
+    return None
+
+
+def usage_of(a: dict[str, Any]) -> Usage:
+    return Usage(
+        input_tokens=_int(_first(a, sc.GEN_AI_USAGE_INPUT_TOKENS, sc.GEN_AI_USAGE_PROMPT_TOKENS, sc.OI_TOKEN_PROMPT)),
+        output_tokens=_int(
+            _first(a, sc.GEN_AI_USAGE_OUTPUT_TOKENS, sc.GEN_AI_USAGE_COMPLETION_TOKENS, sc.OI_TOKEN_COMPLETION)
+        ),
+        cache_read_input_tokens=_int(
+            _first(a, sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS_LEGACY,
+                   sc.OI_TOKEN_CACHE_READ)
+        ),
+        cache_write_input_tokens=_int(
+            _first(a, sc.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS, sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
+                   sc.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS_LEGACY, sc.OI_TOKEN_CACHE_WRITE)
+        ),
+        reasoning_output_tokens=_int(
+            _first(a, sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, sc.OI_TOKEN_REASONING)
+        ),
+    )
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    a = event["attrs"]
+    for key in (sc.EVENT_SEGMENT, "text", "content", "delta"):
+        if isinstance(a.get(key), str):
+            return a[key]
+    return ""
+
+
+def _ordered_events(span: SpanRow) -> list[dict[str, Any]]:
+    def key(e: dict[str, Any]) -> tuple[int, int]:
+        seq = _int(e["attrs"].get(sc.EVENT_SEQ))
+        return (seq if seq is not None else e["index"], e["index"])
+
+    return sorted(span.events, key=key)
+
+
+def _status(span: SpanRow) -> str:
+    return {1: "ok", 2: "error"}.get(span.status_code, "unset")
+
+
+def _base(span: SpanRow, node_type: str) -> Node:
+    a = span.attrs
+    return Node(
+        node_type=node_type,
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        parent_span_id=span.parent_span_id,
+        name=span.name,
+        start_ns=span.start_ns,
+        end_ns=span.end_ns,
+        status=_status(span),
+        status_message=span.status_message,
+        convention=convention(span),
+        run_id=span.run_id or a.get(sc.RUN_ID),
+        node_id=a.get(sc.NODE_ID),
+        turn_id=None if a.get(sc.TURN_ID) is None else str(a.get(sc.TURN_ID)),
+        step=_int(a.get(sc.STEP)),
+        truncated=truncated_keys(span),
+        events=[{"name": e["name"], "time_ns": e["time_ns"], **e["attrs"]} for e in _ordered_events(span)],
+        attributes=dict(a),
+    )
+
+
+def model_node(span: SpanRow) -> Node:
+    node = _base(span, MODEL)
+    details, log_inputs, log_outputs = _from_logs(span)
+    a = {**details, **span.attrs}
+    node.provider = _first(a, sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_SYSTEM, sc.OI_LLM_PROVIDER, sc.OI_LLM_SYSTEM)
+    node.request_model = _first(a, sc.GEN_AI_REQUEST_MODEL, sc.OI_LLM_REQUEST_MODEL_NAME, sc.OI_LLM_MODEL_NAME)
+    node.model = (
+        _first(a, sc.GEN_AI_RESPONSE_MODEL, sc.OI_LLM_RESPONSE_MODEL_NAME, sc.OI_LLM_MODEL_NAME) or node.request_model
+    )
+
+    system = a.get(sc.GEN_AI_SYSTEM_INSTRUCTIONS)
+    node.system_instructions = to_messages(system, "system") if system is not None else []
+    for m in node.system_instructions:
+        m.role = "system"
+
+    if a.get(sc.GEN_AI_INPUT_MESSAGES) is not None:
+        node.input_messages = to_messages(a[sc.GEN_AI_INPUT_MESSAGES])
+    elif _is_indexed(a, sc.OI_LLM_INPUT_MESSAGES + "."):
+        node.input_messages = _oi_messages(a, sc.OI_LLM_INPUT_MESSAGES + ".")
+    elif _is_indexed(a, sc.LEGACY_PROMPT_PREFIX):
+        node.input_messages = _legacy_messages(a, sc.LEGACY_PROMPT_PREFIX)
+    elif log_inputs:
+        node.input_messages = log_inputs
+    elif a.get(sc.OI_INPUT_VALUE) is not None:
+        node.input_messages = to_messages(a[sc.OI_INPUT_VALUE])
+
+    if a.get(sc.GEN_AI_OUTPUT_MESSAGES) is not None:
+        node.output_messages = to_messages(a[sc.GEN_AI_OUTPUT_MESSAGES], "assistant")
+    elif _is_indexed(a, sc.OI_LLM_OUTPUT_MESSAGES + "."):
+        node.output_messages = _oi_messages(a, sc.OI_LLM_OUTPUT_MESSAGES + ".")
+    elif _is_indexed(a, sc.LEGACY_COMPLETION_PREFIX):
+        node.output_messages = _legacy_messages(a, sc.LEGACY_COMPLETION_PREFIX)
+    elif log_outputs:
+        node.output_messages = log_outputs
+    elif a.get(sc.OI_OUTPUT_VALUE) is not None:
+        node.output_messages = _response_messages(a[sc.OI_OUTPUT_VALUE])
+
+    texts, reasoning = [], []
+    for e in _ordered_events(span):
+        if e["name"] == sc.EVENT_TEXT:
+            texts.append(_event_text(e))
+        elif e["name"] == sc.EVENT_REASONING:
+            reasoning.append(_event_text(e))
+        elif e["name"] == sc.EVENT_RETRY:
+            node.retry_count += 1
+    node.deltas = texts
+    if texts:
+        node.output_text = "".join(texts)
+    elif isinstance(a.get(sc.MODEL_OUTPUT_TEXT), str):
+        node.output_text = a[sc.MODEL_OUTPUT_TEXT]
+    else:
+        node.output_text = "".join(m.text for m in node.output_messages)
+    if reasoning:
+        node.reasoning = "\n".join(reasoning)
+    elif isinstance(a.get(sc.MODEL_REASONING), str):
+        node.reasoning = a[sc.MODEL_REASONING]
+    else:
+        node.reasoning = "\n".join(
+            str(p.get("content") or "") for m in node.output_messages for p in m.parts if p.get("type") == "reasoning"
+        )
+    node.retry_count = _int(a.get(sc.MODEL_RETRY_COUNT)) or node.retry_count
+    node.raw_output = maybe_json(a.get(sc.MODEL_RAW_OUTPUT))
+    if node.raw_output is None and a.get(sc.OPENINFERENCE_SPAN_KIND) and (
+        a.get(sc.OI_OUTPUT_MIME_TYPE) == "application/json"
+    ):
+        node.raw_output = maybe_json(a.get(sc.OI_OUTPUT_VALUE))  # the provider response body
+    finish = a.get(sc.GEN_AI_RESPONSE_FINISH_REASONS) or a.get(sc.OI_LLM_FINISH_REASON)
+    if isinstance(finish, str):
+        finish = [finish]
+    node.finish_reasons = [str(f) for f in finish or []] or [
+        m.finish_reason for m in node.output_messages if m.finish_reason
+    ]
+    if a.get(sc.GEN_AI_TOOL_DEFINITIONS) is not None:
+        node.tool_definitions = tool_definitions(a[sc.GEN_AI_TOOL_DEFINITIONS])
+    elif _is_indexed(a, OI_LLM_TOOLS):
+        node.tool_definitions = tool_definitions(
+            [maybe_json((t.get("tool") or {}).get("json_schema")) for t in _indexed_list(a, OI_LLM_TOOLS)
+             if isinstance(t, dict)]
+        )
+    elif _is_indexed(a, LLM_REQUEST_FUNCTIONS):
+        node.tool_definitions = tool_definitions(_indexed_list(a, LLM_REQUEST_FUNCTIONS))
+    node.usage = usage_of(a)
+    node.request = {
+        k: a[k]
+        for k in (sc.GEN_AI_REQUEST_TEMPERATURE, sc.GEN_AI_REQUEST_TOP_P, sc.GEN_AI_REQUEST_MAX_TOKENS,
+                  sc.GEN_AI_REQUEST_STREAM)
+        if k in a
+    }
+    return node
+
+
+def tool_node(span: SpanRow) -> Node:
+    node = _base(span, TOOL)
+    a = span.attrs
+    node.tool_name = _first(a, sc.GEN_AI_TOOL_NAME, sc.OI_TOOL_NAME, sc.TRACELOOP_ENTITY_NAME) or span.name
+    node.tool_call_id = _first(a, sc.GEN_AI_TOOL_CALL_ID, sc.OI_TOOL_ID)
+    if sc.GEN_AI_TOOL_CALL_ARGUMENTS in a:
+        node.arguments = maybe_json(a[sc.GEN_AI_TOOL_CALL_ARGUMENTS])
+    elif sc.OI_INPUT_VALUE in a:
+        node.arguments = maybe_json(a[sc.OI_INPUT_VALUE])
+    elif sc.TRACELOOP_ENTITY_INPUT in a:
+        node.arguments = _traceloop_input(a[sc.TRACELOOP_ENTITY_INPUT])
+    if sc.GEN_AI_TOOL_CALL_RESULT in a:
+        node.result = maybe_json(a[sc.GEN_AI_TOOL_CALL_RESULT])
+    elif sc.OI_OUTPUT_VALUE in a:
+        node.result = maybe_json(a[sc.OI_OUTPUT_VALUE])
+    elif sc.TRACELOOP_ENTITY_OUTPUT in a:
+        node.result = maybe_json(a[sc.TRACELOOP_ENTITY_OUTPUT])
+    err = a.get(sc.TOOL_ERROR)
+    if err is None and span.status_code == 2:
+        err = span.status_message or a.get(sc.ERROR_TYPE) or "error"
+    node.tool_error = None if err is None else str(err)
+    return node
+
+
+def _traceloop_input(value: Any) -> Any:
+    parsed = maybe_json(value)
+    if isinstance(parsed, dict) and set(parsed) <= {"args", "kwargs"}:
+        args, kwargs = parsed.get("args") or [], parsed.get("kwargs") or {}
+        if not args:
+            return kwargs
+        if not kwargs and len(args) == 1:
+            return args[0]
+    return parsed
+
+
+def run_content(span: SpanRow) -> tuple[list[Message], list[Message], str | None]:
+    """Input messages, output messages and agent name a run span itself carries (any convention)."""
+    a = span.attrs
+    inputs: list[Message] = []
+    system = a.get(sc.GEN_AI_SYSTEM_INSTRUCTIONS)
+    if system is not None:
+        inputs = to_messages(system, "system")
+        for m in inputs:
+            m.role = "system"
+    if a.get(sc.GEN_AI_INPUT_MESSAGES) is not None:
+        inputs += to_messages(a[sc.GEN_AI_INPUT_MESSAGES])
+    elif a.get(sc.OI_INPUT_VALUE) is not None:
+        inputs += to_messages(a[sc.OI_INPUT_VALUE])
+    elif a.get(sc.TRACELOOP_ENTITY_INPUT) is not None:
+        inputs += to_messages(_traceloop_input(a[sc.TRACELOOP_ENTITY_INPUT]))
+    outputs: list[Message] = []
+    if a.get(sc.GEN_AI_OUTPUT_MESSAGES) is not None:
+        outputs = to_messages(a[sc.GEN_AI_OUTPUT_MESSAGES], "assistant")
+    elif isinstance(a.get(sc.MODEL_OUTPUT_TEXT), str):
+        outputs = [Message("assistant", [{"type": "text", "content": a[sc.MODEL_OUTPUT_TEXT]}])]
+    elif a.get(sc.OI_OUTPUT_VALUE) is not None:
+        outputs = _response_messages(a[sc.OI_OUTPUT_VALUE])
+    elif a.get(sc.TRACELOOP_ENTITY_OUTPUT) is not None:
+        outputs = _response_messages(a[sc.TRACELOOP_ENTITY_OUTPUT])
+    agent = _first(a, sc.GEN_AI_AGENT_NAME, OI_AGENT_NAME) or span.agent_name
+    if agent is None and a.get(sc.TRACELOOP_SPAN_KIND) == "agent":
+        agent = a.get(sc.TRACELOOP_ENTITY_NAME)
+    return inputs, outputs, agent
+
+
+def node_of(span: SpanRow) -> Node | None:
+    kind = classify(span)
+    if kind == MODEL:
+        return model_node(span)
+    if kind == TOOL:
+        return tool_node(span)
+    return None

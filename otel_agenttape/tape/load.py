@@ -1,0 +1,280 @@
+"""Read the rows a rebuild needs, always filtered by run id or trace id.
+
+A reader is anything with ``query(sql, params) -> pyarrow.Table`` over the store's tables
+(DuckDB file, Parquet lake, or a serving receiver). Every query here filters on ``run_id``,
+``parent_run_id``, ``trace_id`` or ``linked_trace_id`` so a rebuild touches one run's traces,
+not the whole store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from .. import anyvalue
+from .. import semconv as sc
+
+
+class Reader(Protocol):
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> Any: ...
+
+
+SPAN_COLUMNS = (
+    "trace_id, span_id, parent_span_id, name, kind, start_time_unix_nano, end_time_unix_nano, "
+    "status_code, status_message, CAST(attributes AS VARCHAR) AS attributes, run_id, parent_run_id, "
+    "node_type, operation_name, agent_name, service_name, dropped_events_count"
+)
+
+
+@dataclass
+class SpanRow:
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    kind: int
+    start_ns: int
+    end_ns: int
+    status_code: int
+    status_message: str | None
+    attrs: dict[str, Any]
+    run_id: str | None
+    parent_run_id: str | None
+    node_type: str | None
+    operation_name: str | None
+    agent_name: str | None
+    service_name: str | None
+    dropped_events: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+    links: list[tuple[str, str]] = field(default_factory=list)
+    logs: list[dict[str, Any]] = field(default_factory=list)
+    role: str | None = None  # run | model | tool | other, set once by ``foreign.classify``
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.trace_id, self.span_id)
+
+
+@dataclass
+class TraceSet:
+    """All spans (with their events, links and correlated log records) of some traces."""
+
+    spans: dict[tuple[str, str], SpanRow] = field(default_factory=dict)
+    trace_ids: set[str] = field(default_factory=set)
+
+    def by_trace(self, trace_id: str) -> list[SpanRow]:
+        return [s for s in self.spans.values() if s.trace_id == trace_id]
+
+
+def _rows(reader: Reader, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    table = reader.query(sql, list(params))
+    if hasattr(table, "to_pylist"):
+        return table.to_pylist()
+    return list(table)
+
+
+def _in(values: Sequence[Any]) -> str:
+    return "(" + ", ".join("?" for _ in values) + ")"
+
+
+def _match(column: str, values: Sequence[Any]) -> str:
+    """``column = ?`` for one value (pushed into the scan, prunes Parquet row groups), else ``IN (...)``."""
+    return f"{column} = ?" if len(values) == 1 else f"{column} IN {_in(values)}"
+
+
+def _optional_rows(reader: Reader, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    """Rows of a table a store may not have (older lakes without log records)."""
+    try:
+        return _rows(reader, sql, params)
+    except Exception as exc:  # noqa: BLE001 - a missing table reads as empty, anything else raises
+        text = str(exc).lower()
+        if "does not exist" in text or "not found" in text or "no files found" in text:
+            return []
+        raise
+
+
+Windows = dict[str, "tuple[int, int] | None"]
+
+# Spans are loaded by trace id *and* a time window around the run, so that the time columns'
+# min/max statistics (rows arrive roughly in time order) skip most of a large store. The slack
+# covers clock skew and spans that start just outside their run span.
+WINDOW_SLACK_NS = 60 * 1_000_000_000
+NS_PER_DAY = 86_400 * 1_000_000_000
+
+
+def _windows(rows: list[dict[str, Any]]) -> Windows:
+    out: Windows = {}
+    for r in rows:
+        lo, hi = int(r["lo"]), int(r["hi"])
+        old = out.get(r["trace_id"])
+        out[r["trace_id"]] = (min(lo, old[0]), max(hi, old[1])) if old else (lo, hi)
+    return out
+
+
+def run_traces(reader: Reader, run_id: str) -> Windows:
+    """Traces holding spans of this agenttape run id (a resumed run may span several), with time windows."""
+    return _windows(_rows(
+        reader,
+        "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM spans "
+        "WHERE run_id = ? GROUP BY trace_id",
+        [run_id],
+    ))
+
+
+def trace_windows(reader: Reader, trace_ids: Sequence[str]) -> Windows:
+    """Each trace's full time window (traces not in the store are left out)."""
+    if not trace_ids:
+        return {}
+    return _windows(_rows(
+        reader,
+        "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM spans "
+        f"WHERE {_match('trace_id', trace_ids)} GROUP BY trace_id",
+        list(trace_ids),
+    ))
+
+
+def span_traces(reader: Reader, span_id: str) -> Windows:
+    rows = _rows(reader, "SELECT DISTINCT trace_id FROM spans WHERE span_id = ?", [span_id])
+    return trace_windows(reader, sorted(r["trace_id"] for r in rows))
+
+
+def child_traces(reader: Reader, parent_run_ids: Sequence[str], linked_traces: Sequence[str],
+                 since_ns: int | None = None) -> Windows:
+    """Traces holding runs started by these runs: by ``agenttape.parent_run.id`` or by a span link."""
+    found: Windows = {}
+    after = "" if since_ns is None else " AND start_time_unix_nano >= ?"
+    bound = [] if since_ns is None else [since_ns - WINDOW_SLACK_NS]
+    if parent_run_ids:
+        found.update(_windows(_rows(
+            reader,
+            "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM spans "
+            f"WHERE {_match('parent_run_id', parent_run_ids)}{after} GROUP BY trace_id",
+            [*parent_run_ids, *bound],
+        )))
+    if linked_traces:
+        day = "" if since_ns is None else " AND date >= CAST(? AS DATE)"
+        day_bound = [] if since_ns is None else [_iso_day(since_ns - WINDOW_SLACK_NS)]
+        rows = _optional_rows(
+            reader,
+            f"SELECT DISTINCT trace_id FROM span_links WHERE {_match('linked_trace_id', linked_traces)}{day}",
+            [*linked_traces, *day_bound],
+        )
+        linking = sorted({r["trace_id"] for r in rows} - set(found))
+        found.update(trace_windows(reader, linking))
+    return found
+
+
+def _iso_day(ns: int) -> str:
+    import datetime as _dt
+
+    return (_dt.date(1970, 1, 1) + _dt.timedelta(days=ns // NS_PER_DAY)).isoformat()
+
+
+def load_traces(reader: Reader, windows: Windows, into: TraceSet | None = None, *,
+                links: bool = True, logs: bool = True) -> TraceSet:
+    """Load the spans of these traces within their time windows, events (links, log records) attached."""
+    ts = into or TraceSet()
+    ids = sorted(set(windows) - ts.trace_ids)
+    if not ids:
+        return ts
+    known = [windows[i] for i in ids if windows[i] is not None]
+    span_where = event_where = _match("trace_id", ids)
+    span_params: list[Any] = list(ids)
+    event_params: list[Any] = list(ids)
+    if len(known) == len(ids):
+        lo = min(w[0] for w in known) - WINDOW_SLACK_NS  # type: ignore[index]
+        hi = max(w[1] for w in known) + WINDOW_SLACK_NS  # type: ignore[index]
+        span_where += " AND start_time_unix_nano BETWEEN ? AND ?"
+        event_where += " AND time_unix_nano BETWEEN ? AND ?"
+        span_params += [lo, hi]
+        event_params += [lo, hi]
+    where = span_where
+    new: dict[tuple[str, str], SpanRow] = {}
+    for r in _rows(reader, f"SELECT {SPAN_COLUMNS} FROM spans WHERE {where}", span_params):
+        row = SpanRow(
+            trace_id=r["trace_id"],
+            span_id=r["span_id"],
+            parent_span_id=r["parent_span_id"] or None,
+            name=r["name"],
+            kind=int(r["kind"] or 0),
+            start_ns=int(r["start_time_unix_nano"] or 0),
+            end_ns=int(r["end_time_unix_nano"] or 0),
+            status_code=int(r["status_code"] or 0),
+            status_message=r["status_message"] or None,
+            attrs=anyvalue.attrs_to_python(r["attributes"]),
+            run_id=r["run_id"],
+            parent_run_id=r["parent_run_id"],
+            node_type=r["node_type"],
+            operation_name=r["operation_name"],
+            agent_name=r["agent_name"],
+            service_name=r["service_name"],
+            dropped_events=int(r["dropped_events_count"] or 0),
+        )
+        new[row.key] = row
+    events = _rows(
+        reader,
+        "SELECT trace_id, span_id, event_index, time_unix_nano, name, CAST(attributes AS VARCHAR) AS attributes "
+        f"FROM span_events WHERE {event_where} ORDER BY trace_id, span_id, event_index",
+        event_params,
+    )
+    for e in events:
+        span = new.get((e["trace_id"], e["span_id"]))
+        if span is not None:
+            span.events.append(
+                {
+                    "index": int(e["event_index"]),
+                    "time_ns": int(e["time_unix_nano"] or 0),
+                    "name": e["name"],
+                    "attrs": anyvalue.attrs_to_python(e["attributes"]),
+                }
+            )
+    ts.spans.update(new)
+    ts.trace_ids.update(ids)
+    if links:
+        load_links(reader, ids, ts)
+    if logs:
+        load_logs(reader, ids, ts)
+    return ts
+
+
+def load_links(reader: Reader, ids: Sequence[str], ts: TraceSet) -> None:
+    """Attach span links to the loaded spans of these traces."""
+    where = _match("trace_id", ids)
+    links = _optional_rows(
+        reader,
+        f"SELECT trace_id, span_id, link_index, linked_trace_id, linked_span_id FROM span_links WHERE {where} "
+        "ORDER BY trace_id, span_id, link_index",
+        ids,
+    )
+    for link in links:
+        span = ts.spans.get((link["trace_id"], link["span_id"]))
+        if span is not None:
+            span.links.append((link["linked_trace_id"], link["linked_span_id"]))
+
+
+def load_logs(reader: Reader, ids: Sequence[str], ts: TraceSet) -> None:
+    """Attach the log records correlated with the loaded spans of these traces."""
+    where = _match("trace_id", ids)
+    logs = _optional_rows(
+        reader,
+        "SELECT trace_id, span_id, time_unix_nano, event_name, CAST(body AS VARCHAR) AS body, "
+        f"CAST(attributes AS VARCHAR) AS attributes FROM log_records WHERE {where} ORDER BY time_unix_nano",
+        ids,
+    )
+    for log in logs:
+        span = ts.spans.get((log["trace_id"], log["span_id"] or ""))
+        if span is None:
+            continue
+        attrs = anyvalue.attrs_to_python(log["attributes"])
+        body = log["body"]
+        span.logs.append(
+            {
+                "time_ns": int(log["time_unix_nano"] or 0),
+                "event_name": log["event_name"] or attrs.get(sc.LOG_EVENT_NAME),
+                "body": anyvalue.to_python(orjson.loads(body)) if body else None,
+                "attrs": attrs,
+            }
+        )

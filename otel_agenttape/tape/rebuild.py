@@ -1,0 +1,516 @@
+"""Rebuild runs and run trees from stored spans, with no model call.
+
+A run is identified by its ``agenttape.run.id``. A trace with no agenttape run span (spans from
+another instrumentation) is a run keyed by its trace id; a nested foreign agent span inside it is
+a run keyed by its span id. Within a trace, spans belong to the nearest enclosing run span; child
+runs in other traces are found by ``agenttape.parent_run.id`` or by span links.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from .. import semconv as sc
+from . import foreign
+from .load import (
+    Reader,
+    SpanRow,
+    TraceSet,
+    _rows,
+    Windows,
+    child_traces,
+    load_logs,
+    load_traces,
+    run_traces,
+    span_traces,
+    trace_windows,
+)
+from .model import Message, Node, Run, RunTree, Step, ToolCall, Usage
+
+_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
+_SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
+MAX_TREE_DEPTH = 64
+STATUS_INCOMPLETE = "incomplete"
+
+
+class RunNotFound(LookupError):
+    """No run with this id in the store."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run not found: {run_id}")
+        self.run_id = run_id
+
+
+@dataclass
+class _RunParts:
+    key: str
+    trace_id: str
+    run_spans: list[SpanRow] = field(default_factory=list)
+    node_spans: list[SpanRow] = field(default_factory=list)
+    all_spans: list[SpanRow] = field(default_factory=list)
+    implicit_root: SpanRow | None = None
+    parent_key: str | None = None  # enclosing run within the same trace
+
+
+class _Index:
+    """Runs of a set of traces, with the spans each one owns."""
+
+    def __init__(self, ts: TraceSet) -> None:
+        self.ts = ts
+        self.runs: dict[str, _RunParts] = {}
+        self.owner: dict[tuple[str, str], str] = {}
+        by_trace: dict[str, dict[str, SpanRow]] = {}
+        for span in ts.spans.values():
+            by_trace.setdefault(span.trace_id, {})[span.span_id] = span
+        for trace_id in sorted(by_trace):
+            self._partition(trace_id, by_trace[trace_id])
+
+    def _partition(self, trace_id: str, spans: dict[str, SpanRow]) -> None:
+        kinds = {sid: foreign.classify(s) for sid, s in spans.items()}
+        memo: dict[str, str | None] = {}
+
+        def nearest_run(sid: str, include_self: bool) -> str | None:
+            """Span id of the nearest run span at or above ``sid``."""
+            if include_self and kinds.get(sid) == foreign.RUN:
+                return sid
+            if sid in memo:
+                return memo[sid]
+            seen = {sid}
+            cur = spans[sid].parent_span_id
+            found = None
+            while cur and cur in spans and cur not in seen:
+                if kinds[cur] == foreign.RUN:
+                    found = cur
+                    break
+                seen.add(cur)
+                cur = spans[cur].parent_span_id
+            memo[sid] = found
+            return found
+
+        run_key: dict[str, str] = {}
+        ordered = sorted(spans.values(), key=lambda s: (s.start_ns, s.span_id))
+        for s in ordered:
+            if kinds[s.span_id] != foreign.RUN:
+                continue
+            rid = s.run_id or s.attrs.get(sc.RUN_ID)
+            if rid:
+                key = str(rid)
+            elif nearest_run(s.span_id, include_self=False) is None:
+                key = trace_id
+            else:
+                key = s.span_id
+            run_key[s.span_id] = key
+        roots = [s for s in ordered if not s.parent_span_id or s.parent_span_id not in spans]
+        for s in ordered:
+            rsid = nearest_run(s.span_id, include_self=True)
+            if rsid is not None:
+                key = run_key[rsid]
+            elif s.run_id:
+                key = s.run_id
+            else:
+                key = trace_id
+            parts = self.runs.get(key)
+            if parts is None:
+                parts = self.runs[key] = _RunParts(key=key, trace_id=trace_id)
+                if key == trace_id and rsid is None:
+                    parts.implicit_root = roots[0] if roots else s
+            self.owner[s.key] = key
+            parts.all_spans.append(s)
+            if rsid == s.span_id:
+                parts.run_spans.append(s)
+                parent = nearest_run(s.span_id, include_self=False)
+                if parent is not None and run_key[parent] != key:
+                    parts.parent_key = run_key[parent]
+                elif parent is None and s.parent_span_id in spans:
+                    owner = self.owner.get((trace_id, s.parent_span_id))
+                    if owner is not None and owner != key:
+                        parts.parent_key = owner
+            elif kinds[s.span_id] in (foreign.MODEL, foreign.TOOL):
+                parts.node_spans.append(s)
+
+    def child_keys(self, key: str) -> list[str]:
+        """Runs started by this one: nested in its spans, naming it as parent run, or linking to it."""
+        my_spans = {s.key for s in self.runs[key].all_spans}
+        out: list[str] = []
+        for other_key, other in self.runs.items():
+            if other_key == key:
+                continue
+            if other.parent_key == key:
+                out.append(other_key)
+                continue
+            enclosing = self.runs.get(other.parent_key) if other.parent_key else None
+            if not other.run_spans or (enclosing is not None and enclosing.run_spans):
+                continue  # nested in another run span: that run is its parent
+            first = other.run_spans[0]
+            if (first.parent_run_id or first.attrs.get(sc.PARENT_RUN_ID)) == key:
+                out.append(other_key)
+            elif any(link in my_spans for span in other.run_spans for link in span.links):
+                out.append(other_key)
+        return out
+
+
+def _resolve_traces(reader: Reader, run_id: str) -> Windows:
+    windows = run_traces(reader, run_id)
+    if windows:
+        return windows
+    if _TRACE_ID.match(run_id):
+        windows = trace_windows(reader, [run_id])
+        if windows:
+            return windows
+    if _SPAN_ID.match(run_id):
+        return span_traces(reader, run_id)
+    return {}
+
+
+def reconstruct(reader: Reader, run_id: str) -> Run:
+    """Rebuild one run (prompt, output, tool calls, usage, status, steps) from the store."""
+    traces = _resolve_traces(reader, run_id)
+    if not traces:
+        raise RunNotFound(run_id)
+    ts = _load(reader, traces, links=False)
+    index = _Index(ts)
+    if run_id not in index.runs:
+        raise RunNotFound(run_id)
+    return build_run(index.runs[run_id])
+
+
+def _load(reader: Reader, windows: Windows, ts: TraceSet | None = None, *, links: bool = True) -> TraceSet:
+    """Spans and events of these traces; log records only when a model span needs its content from them."""
+    before = set(ts.trace_ids) if ts is not None else set()
+    ts = load_traces(reader, windows, into=ts, links=links, logs=False)
+    new = set(ts.trace_ids - before)
+    if new and any(foreign.lacks_content(s) for s in ts.spans.values() if s.trace_id in new):
+        load_logs(reader, sorted(new), ts)
+    return ts
+
+
+def reconstruct_tree(reader: Reader, root_run_id: str) -> RunTree:
+    """Rebuild a run and every run it started, in this trace or others, ordered by start."""
+    traces = _resolve_traces(reader, root_run_id)
+    if not traces:
+        raise RunNotFound(root_run_id)
+    ts = _load(reader, traces)
+    asked_runs: set[str] = set()
+    asked_traces: set[str] = set()
+    since = min(lo for lo, _ in (w for w in traces.values() if w is not None)) if traces else None
+    for _ in range(MAX_TREE_DEPTH):
+        index = _Index(ts)
+        run_ids = sorted(k for k in index.runs if k not in asked_runs)
+        trace_ids = sorted(ts.trace_ids - asked_traces)
+        asked_runs.update(run_ids)
+        asked_traces.update(trace_ids)
+        found = child_traces(reader, run_ids, trace_ids, since)
+        new = {t: w for t, w in found.items() if t not in ts.trace_ids}
+        if not new:
+            break
+        _load(reader, new, ts)
+    index = _Index(ts)
+    if root_run_id not in index.runs:
+        raise RunNotFound(root_run_id)
+    built: dict[str, Run] = {}
+
+    def build(key: str, depth: int, seen: set[str]) -> Run:
+        run = built.get(key) or build_run(index.runs[key])
+        built[key] = run
+        if depth < MAX_TREE_DEPTH:
+            kids = [k for k in index.child_keys(key) if k not in seen]
+            run.children = sorted(
+                (build(k, depth + 1, seen | {k}) for k in kids), key=lambda r: (r.start_ns, r.run_id)
+            )
+        return run
+
+    return RunTree(root=build(root_run_id, 0, {root_run_id}))
+
+
+# --- building one run ---------------------------------------------------------------------------
+
+
+def _dedupe_nested_models(parts: _RunParts, nodes: list[Node]) -> list[Node]:
+    """A model span inside another model span (an SDK instrumentation under ours) is one call."""
+    by_id = {s.span_id: s for s in parts.all_spans}
+    model_ids = {n.span_id for n in nodes if n.node_type == "model"}
+    tool_ids = {n.span_id for n in nodes if n.node_type == "tool"}
+    out = []
+    for n in nodes:
+        cur = by_id.get(n.parent_span_id or "")
+        nested = False
+        same = model_ids if n.node_type == "model" else tool_ids
+        while cur is not None:
+            if cur.span_id in same:
+                nested = True
+                break
+            cur = by_id.get(cur.parent_span_id or "")
+        if not nested:
+            out.append(n)
+    return out
+
+
+def _status(run_spans: list[SpanRow], root: SpanRow | None, nodes: list[Node]) -> tuple[str, str | None]:
+    spans = run_spans or ([root] if root else [])
+    for s in reversed(spans):
+        explicit = s.attrs.get(sc.RUN_STATUS)
+        if explicit:
+            return str(explicit), s.status_message
+    for s in reversed(spans):
+        if s.status_code == 2:
+            return sc.STATUS_ERROR, s.status_message
+    if not spans:
+        # nodes of a run whose run span never arrived: still running, or its process died
+        return STATUS_INCOMPLETE, "no run span recorded (still running, or the process ended early)"
+    return sc.STATUS_COMPLETED, None
+
+
+def build_run(parts: _RunParts) -> Run:
+    run_spans = sorted(parts.run_spans, key=lambda s: s.start_ns)
+    root = run_spans[0] if run_spans else parts.implicit_root
+    nodes = [n for n in (foreign.node_of(s) for s in parts.node_spans) if n is not None]
+    nodes = _dedupe_nested_models(parts, nodes)
+    nodes.sort(key=lambda n: (n.start_ns, n.step if n.step is not None else -1, n.span_id))
+    spans = parts.all_spans
+    start = min((s.start_ns for s in spans), default=0)
+    end = max((s.end_ns for s in spans), default=0)
+    if run_spans:
+        start = min(s.start_ns for s in run_spans)
+        end = max(s.end_ns for s in run_spans)
+
+    inputs: list[Message] = []
+    outputs: list[Message] = []
+    agent = None
+    for s in run_spans or ([root] if root else []):
+        i, o, a = foreign.run_content(s)
+        inputs = inputs or i
+        outputs = o or outputs
+        agent = agent or a
+    models = [n for n in nodes if n.node_type == "model"]
+    if not inputs and models:
+        inputs = models[0].prompt
+    elif models and not any(m.role == "system" for m in inputs) and models[0].system_instructions:
+        inputs = list(models[0].system_instructions) + inputs
+    if outputs:
+        output = "".join(m.text for m in outputs)
+    else:
+        output = "".join(n.output_text for n in models)
+    if agent is None:
+        for s in spans:
+            agent = s.attrs.get(sc.GEN_AI_AGENT_NAME) or s.attrs.get(foreign.OI_AGENT_NAME)
+            if agent:
+                break
+    if agent is None and root is not None and not run_spans:
+        agent = root.service_name or root.name
+
+    status, message = _status(run_spans, root, nodes)
+    usage = Usage()
+    for n in models:
+        usage.add(n.usage)
+    if not models and root is not None:
+        usage = foreign.usage_of(root.attrs)
+
+    first = root
+    attrs = first.attrs if first is not None else {}
+    tool_defs: dict[str, dict] = {}
+    for n in models:
+        for d in n.tool_definitions:
+            tool_defs.setdefault(d["name"], d)
+    truncated = sorted({f"{n.span_id}:{k}" for n in nodes for k in n.truncated})
+    for s in run_spans:
+        truncated += [f"{s.span_id}:{k}" for k in foreign.truncated_keys(s)]
+    run = Run(
+        run_id=parts.key,
+        trace_id=parts.trace_id,
+        span_id=first.span_id if first is not None else None,
+        agent=agent,
+        status=status,
+        status_message=message,
+        start_ns=start,
+        end_ns=end,
+        session_id=attrs.get(sc.SESSION_ID) or attrs.get(sc.GEN_AI_CONVERSATION_ID) or attrs.get(foreign.OI_SESSION_ID),
+        parent_run_id=(first.parent_run_id or attrs.get(sc.PARENT_RUN_ID)) if first is not None else None,
+        service_name=first.service_name if first is not None else None,
+        convention=foreign.convention(first) if first is not None else "genai",
+        input=inputs,
+        output=output,
+        output_messages=outputs,
+        tools=_tool_calls(nodes),
+        tool_definitions=list(tool_defs.values()),
+        usage=usage,
+        models=list(dict.fromkeys(n.model for n in models if n.model)),
+        nodes=nodes,
+        truncated=truncated,
+        trace_ids=sorted({s.trace_id for s in spans}),
+    )
+    run.steps = build_steps(run)
+    return run
+
+
+def _tool_calls(nodes: list[Node]) -> list[ToolCall]:
+    """Executed tools (tool spans) plus calls the model asked for that have no tool span."""
+    calls: list[ToolCall] = []
+    by_id: dict[str, ToolCall] = {}
+    responses: dict[str, object] = {}
+    for n in nodes:
+        if n.node_type == "model":
+            for m in n.input_messages:
+                for r in m.tool_responses:
+                    if r.get("id"):
+                        responses[str(r["id"])] = r.get("response")
+    for n in nodes:
+        if n.node_type == "model":
+            for c in n.requested_tool_calls:
+                cid = c.get("id")
+                call = ToolCall(name=c.get("name"), arguments=c.get("arguments"), call_id=cid)
+                if cid and str(cid) in responses:
+                    call.result = responses[str(cid)]
+                calls.append(call)
+                if cid:
+                    by_id[str(cid)] = call
+        elif n.node_type == "tool":
+            call = by_id.get(str(n.tool_call_id)) if n.tool_call_id else None
+            if call is None:
+                # a tool span without a call id answers the oldest open request of that tool
+                call = next((c for c in calls if not c.executed and c.name == n.tool_name), None)
+            if call is None:
+                call = ToolCall(name=n.tool_name, call_id=n.tool_call_id)
+                calls.append(call)
+            call.name = n.tool_name or call.name
+            if n.arguments is not None:
+                call.arguments = n.arguments
+            call.result = n.result if n.result is not None else call.result
+            call.error = n.tool_error
+            call.span_id = n.span_id
+            call.executed = True
+    return calls
+
+
+def build_steps(run: Run) -> list[Step]:
+    """The ordered step stream: input, model and tool steps with their segments, terminal."""
+    steps: list[Step] = []
+
+    def add(kind: str, time_ns: int, span_id: str | None, **payload: object) -> None:
+        steps.append(Step(index=len(steps), kind=kind, time_ns=time_ns, span_id=span_id, payload=payload))
+
+    add("input", run.start_ns, run.span_id, messages=[m.to_json() for m in run.input])
+    for n in run.nodes:
+        if n.node_type == "model":
+            add("model-start", n.start_ns, n.span_id, model=n.model, node_id=n.node_id, step=n.step)
+            had_text = False
+            for e in n.events:
+                name = e.get("name")
+                if name == sc.EVENT_TEXT:
+                    had_text = True
+                    add("text", e["time_ns"], n.span_id, text=e.get(sc.EVENT_SEGMENT, e.get("text", "")))
+                elif name == sc.EVENT_REASONING:
+                    add("reasoning", e["time_ns"], n.span_id, text=e.get(sc.EVENT_SEGMENT, ""))
+                elif name == sc.EVENT_RETRY:
+                    add("retry", e["time_ns"], n.span_id, reason=e.get(sc.EVENT_REASON))
+                elif name == sc.EVENT_METADATA:
+                    add("metadata", e["time_ns"], n.span_id,
+                        data={k: v for k, v in e.items() if k not in ("name", "time_ns")})
+            if not had_text and n.output_text:
+                add("text", n.end_ns, n.span_id, text=n.output_text)
+            for c in n.requested_tool_calls:
+                add("tool-call", n.end_ns, n.span_id, name=c.get("name"), arguments=c.get("arguments"),
+                    id=c.get("id"))
+            add("model-end", n.end_ns, n.span_id, usage=n.usage.to_json(), finish_reasons=n.finish_reasons,
+                status=n.status)
+        elif n.node_type == "tool":
+            add("tool-start", n.start_ns, n.span_id, name=n.tool_name, arguments=n.arguments, id=n.tool_call_id)
+            add("tool-result", n.end_ns, n.span_id, name=n.tool_name, result=n.result, error=n.tool_error,
+                id=n.tool_call_id)
+    add("terminal", run.end_ns, run.span_id, status=run.status, message=run.status_message)
+    return steps
+
+
+# --- many runs ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunRef:
+    run_id: str
+    windows: tuple[tuple[str, int, int], ...]  # (trace_id, first start, last end)
+    start_ns: int
+
+    @property
+    def trace_ids(self) -> tuple[str, ...]:
+        return tuple(w[0] for w in self.windows)
+
+
+def list_runs(reader: Reader, *, agent: str | None = None, since_ns: int | None = None,
+              include_foreign: bool = True, limit: int | None = None) -> list[RunRef]:
+    """Agenttape runs, plus traces of other instrumentations (runs keyed by trace id), by start."""
+    where = ["run_id IS NOT NULL", "(node_type = 'run' OR operation_name = 'invoke_agent')"]
+    params: list[object] = []
+    if agent:
+        where.append("agent_name = ?")
+        params.append(agent)
+    if since_ns is not None:
+        where.append("start_time_unix_nano >= ?")
+        params.append(since_ns)
+    rows = _rows(
+        reader,
+        "SELECT run_id, trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM spans "
+        f"WHERE {' AND '.join(where)} GROUP BY run_id, trace_id",
+        params,
+    )
+    grouped: dict[str, list[tuple[str, int, int]]] = {}
+    for r in rows:
+        grouped.setdefault(r["run_id"], []).append((r["trace_id"], int(r["lo"]), int(r["hi"])))
+    out = [RunRef(rid, tuple(sorted(ws)), min(w[1] for w in ws)) for rid, ws in grouped.items()]
+    if include_foreign:
+        ops = ", ".join(f"'{op}'" for op in sorted(sc.MODEL_OPERATIONS | {sc.OP_INVOKE_AGENT}))
+        having = ""
+        fparams: list[object] = []
+        if since_ns is not None:
+            having = " AND min(start_time_unix_nano) >= ?"
+            fparams.append(since_ns)
+        attrs = "CAST(attributes AS VARCHAR)"
+        frows = _rows(
+            reader,
+            "WITH bare AS (SELECT trace_id FROM spans GROUP BY trace_id HAVING count(run_id) = 0) "
+            "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi "
+            "FROM spans SEMI JOIN bare USING (trace_id) GROUP BY trace_id "
+            f"HAVING bool_or(operation_name IN ({ops}) "
+            f"OR contains({attrs}, '\"openinference.span.kind\"') "
+            f"OR contains({attrs}, '\"gen_ai.prompt.0.') "
+            f"OR contains({attrs}, '\"llm.request.type\"')){having}",
+            fparams,
+        )
+        foreign_refs = [RunRef(r["trace_id"], ((r["trace_id"], int(r["lo"]), int(r["hi"])),), int(r["lo"]))
+                        for r in frows]
+        if agent:
+            foreign_refs = [r for r in foreign_refs if _foreign_agent(reader, r) == agent]
+        out += foreign_refs
+    out.sort(key=lambda r: (r.start_ns, r.run_id))
+    if limit is not None:
+        out = out[-limit:]
+    return out
+
+
+def _foreign_agent(reader: Reader, ref: RunRef) -> str | None:
+    rows = _rows(reader, "SELECT agent_name FROM spans WHERE trace_id = ? AND agent_name IS NOT NULL LIMIT 1",
+                 [ref.trace_ids[0]])
+    return rows[0]["agent_name"] if rows else None
+
+
+def iter_runs(reader: Reader, refs: list[RunRef], batch_traces: int = 200) -> Iterator[Run]:
+    """Rebuild many runs, loading their traces in batches rather than one run at a time."""
+    batch: list[RunRef] = []
+    traces: Windows = {}
+
+    def flush() -> Iterator[Run]:
+        index = _Index(_load(reader, traces, links=False))
+        for ref in batch:
+            if ref.run_id in index.runs:
+                yield build_run(index.runs[ref.run_id])
+
+    for ref in refs:
+        batch.append(ref)
+        for trace_id, lo, hi in ref.windows:
+            old = traces.get(trace_id)
+            traces[trace_id] = (min(lo, old[0]), max(hi, old[1])) if old else (lo, hi)
+        if len(traces) >= batch_traces:
+            yield from flush()
+            batch, traces = [], {}
+    if batch:
+        yield from flush()

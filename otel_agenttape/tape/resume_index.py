@@ -1,0 +1,99 @@
+"""Rebuild a resume index from the tape store (a DuckDB file, a Parquet lake or OTLP files).
+
+A run recorded on one machine can then be resumed on another from its exported traces: node spans
+recorded through a resumable client carry their resume key (``agenttape.resume.key``); other node
+spans still give entries (tools keyed by name + arguments, model calls matched by position).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections import defaultdict
+from typing import Any
+
+import orjson
+
+from .. import anyvalue
+from ..resume import ResumeIndex
+from ..resume.spans import entry_from_span
+from ..semconv import EVENT_TEXT, MODEL_OPERATIONS, OP_EXECUTE_TOOL
+
+_OPS = ", ".join(f"'{op}'" for op in sorted({*MODEL_OPERATIONS, OP_EXECUTE_TOOL}))
+_NODES = f"run_id = ? AND (node_type IN ('model', 'tool') OR operation_name IN ({_OPS}))"
+
+
+def _rows(table: Any) -> list[dict[str, Any]]:
+    cols = table.column_names
+    data = [table.column(c).to_pylist() for c in cols]
+    return [dict(zip(cols, vals)) for vals in zip(*data)]
+
+
+def build_resume_index(reader: Any, run_id: str, *, tape: str | None = None, **kwargs: Any) -> ResumeIndex:
+    """The resume index of one run, from ``reader.query(sql, params) -> pyarrow.Table``.
+
+    ``tape`` defaults to the run id; ``kwargs`` go to ``ResumeIndex`` (``journal=`` to continue
+    into a local journal, ``replay_only=``).
+    """
+    spans = _rows(reader.query(
+        "SELECT trace_id, span_id, status_code, CAST(attributes AS VARCHAR) AS attributes, "
+        f"start_time_unix_nano FROM spans WHERE {_NODES} ORDER BY start_time_unix_nano, span_id",
+        [run_id]))
+    events: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = defaultdict(list)
+    if spans:
+        ev_rows = _rows(reader.query(
+            "SELECT e.trace_id, e.span_id, e.name, CAST(e.attributes AS VARCHAR) AS attributes "
+            "FROM span_events e SEMI JOIN (SELECT trace_id, span_id FROM spans "
+            f"WHERE {_NODES}) s ON e.trace_id = s.trace_id AND e.span_id = s.span_id "
+            "WHERE e.name = ? ORDER BY e.trace_id, e.span_id, e.event_index", [run_id, EVENT_TEXT]))
+        for ev in ev_rows:
+            events[(ev["trace_id"], ev["span_id"])].append((ev["name"], anyvalue.attrs_to_python(ev["attributes"])))
+    index = ResumeIndex(tape or run_id, **kwargs)
+    positions: dict[str, int] = defaultdict(int)
+    occurrences: dict[tuple[str, str], int] = defaultdict(int)
+    for row in spans:
+        attrs = anyvalue.attrs_to_python(row["attributes"])
+        kind_probe = entry_from_span(attrs, tape=index.tape)
+        if kind_probe is None:
+            continue
+        kind = kind_probe.kind
+        occ_key = (kind, kind_probe.request_hash)
+        entry = entry_from_span(
+            attrs, events.get((row["trace_id"], row["span_id"]), ()), tape=index.tape,
+            position=positions[kind], occurrence=occurrences[occ_key], failed=row["status_code"] == 2,
+        )
+        positions[kind] += 1
+        occurrences[occ_key] += 1
+        if entry is not None and index.get(entry.key) is None:
+            index.add(entry)
+    return index
+
+
+def write_resume_index(reader: Any, run_id: str, out: str | os.PathLike[str]) -> int:
+    """Save a run's rebuilt index as the JSON file ``ResumeIndex.load_json`` reads; returns its size."""
+    index = build_resume_index(reader, run_id)
+    index.save_json(out)
+    return len(index)
+
+
+def cmd_resume_index(args: argparse.Namespace) -> int:
+    from ..cli import CliError
+    from .sources import SourceError, open_source
+
+    try:
+        reader = open_source(args.db, getattr(args, "parquet", None), getattr(args, "otlp", None))
+    except SourceError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        index = build_resume_index(reader, args.run)
+    finally:
+        reader.close()
+    if len(index) == 0:
+        raise CliError(f"no model or tool nodes recorded for run {args.run}")
+    index.save_json(args.out)
+    counts = {k: len(index.entries(k)) for k in ("model", "tool")}
+    if getattr(args, "json", False):
+        print(orjson.dumps({"run": args.run, "out": str(args.out), **counts}).decode())
+    else:
+        print(f"resume index for run {args.run}: {counts['model']} model and {counts['tool']} tool entries -> {args.out}")
+    return 0

@@ -1,0 +1,58 @@
+"""The store hand-off: batched writes, conversion in worker processes, WAL cleanup, replay at start."""
+
+from __future__ import annotations
+
+from receiver_util import logs_request, span_keys, trace_request
+
+from otel_agenttape.receiver.convert import ConvertPool
+from otel_agenttape.receiver.metrics import Metrics
+from otel_agenttape.receiver.pipeline import IngestPipeline
+from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES, WriteAheadLog
+from otel_agenttape.store.writer import Store
+
+
+def _keys(store: Store) -> set[tuple[str, str]]:
+    t = store.reader().query("SELECT trace_id, span_id FROM spans")
+    return set(zip(t.column("trace_id").to_pylist(), t.column("span_id").to_pylist()))
+
+
+def test_worker_process_conversion_stores_everything_once(tmp_path):
+    store = Store(str(tmp_path / "p.duckdb"))
+    wal = WriteAheadLog(tmp_path / "wal")
+    pool = ConvertPool(1)
+    p = IngestPipeline(store, wal, Metrics(), pool=pool, pool_threshold=1, chunk_items=5)
+    p.start()
+    reqs = [trace_request(4) for _ in range(6)]
+    for r in reqs + reqs[:2]:  # re-sent requests land in other chunks
+        p.accept(KIND_TRACES, r, r.SerializeToString(), 4)
+    logs = logs_request(3)
+    p.accept(KIND_LOGS, logs, logs.SerializeToString(), 3)
+    assert p.wait_idle(60)
+    assert pool._pool is not None  # the worker process did the conversion
+    assert _keys(store) == set().union(*(span_keys(r) for r in reqs))
+    assert store.reader().query("SELECT count(*) FROM spans").column(0)[0].as_py() == 24
+    assert store.reader().query("SELECT count(*) FROM log_records").column(0)[0].as_py() == 3
+    assert p.metrics.get("agenttape_spans_duplicate_total") == 8
+    assert wal.lag_records == 0
+    p.close()
+    wal.close(applied_all=True)
+    assert wal.segments() == []
+    store.close()
+
+
+def test_unapplied_wal_records_are_replayed_at_start(tmp_path):
+    wal = WriteAheadLog(tmp_path / "wal")
+    reqs = [trace_request(3) for _ in range(3)]
+    for r in reqs:
+        wal.append(KIND_TRACES, r.SerializeToString())
+    wal.close()  # as if the process died before the writer ran
+    store = Store(str(tmp_path / "r.duckdb"))
+    store.write_traces(reqs[:1])  # the first one had reached the store already
+    wal2 = WriteAheadLog(tmp_path / "wal")
+    p = IngestPipeline(store, wal2, Metrics())
+    assert p.replay_wal() == 3
+    assert _keys(store) == set().union(*(span_keys(r) for r in reqs))
+    assert store.reader().query("SELECT count(*) FROM spans").column(0)[0].as_py() == 9
+    assert wal2.pending_replay() == [] and list(wal2.replay()) == []
+    wal2.close()
+    store.close()

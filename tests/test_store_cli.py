@@ -1,0 +1,73 @@
+"""`agenttape runs`, `agenttape sql` and `agenttape export parquet` on a real DuckDB file."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from otel_agenttape.cli import main
+from otel_agenttape.store import samples
+from otel_agenttape.store.writer import Store
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = str(tmp_path / "cli.duckdb")
+    with Store(path) as store:
+        store.write_traces(samples.genai_requests(n_runs=3))
+    return path
+
+
+def test_runs_text_and_json(db, capsys):
+    assert main(["runs", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["run_id", "trace_id", "agent"] and "(3 rows)" in out
+    assert main(["runs", "--db", db, "--json", "--limit", "2"]) == 0
+    runs = json.loads(capsys.readouterr().out)
+    assert [r["run_id"] for r in runs] == ["run-7-2", "run-7-1"]  # newest first
+    assert runs[0]["model_nodes"] == 2 and runs[0]["tool_nodes"] == 1 and runs[0]["status"] == "completed"
+
+
+def test_sql_formats_and_refusals(db, capsys):
+    assert main(["sql", "SELECT run_id, count(*) AS n FROM nodes GROUP BY run_id ORDER BY run_id", "--db", db,
+                 "--csv"]) == 0
+    rows = list(csv.reader(io.StringIO(capsys.readouterr().out)))
+    assert rows == [["run_id", "n"], ["run-7-0", "3"], ["run-7-1", "3"], ["run-7-2", "3"]]
+    assert main(["sql", "SELECT 1 AS one", "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"one": 1}]
+    for bad in ("DELETE FROM spans", "SELECT * FROM read_text('/etc/passwd')", "ATTACH 'x.db'", "COPY spans TO 'x'"):
+        assert main(["sql", bad, "--db", db]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("agenttape: error:") and "root:" not in err
+    assert main(["sql", "SELECT count(*) AS n FROM spans", "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 12}]
+
+
+def test_missing_db_is_exit_2(tmp_path, capsys):
+    assert main(["runs", "--db", str(tmp_path / "nope.duckdb")]) == 2
+    assert "no tape store" in capsys.readouterr().err
+
+
+def test_export_parquet_then_query_the_lake(db, tmp_path, capsys):
+    lake = str(tmp_path / "lake")
+    assert main(["export", "parquet", lake, "--db", db, "--json"]) == 0
+    counts = json.loads(capsys.readouterr().out)["rows"]
+    assert counts["spans"] == 12 and counts["span_events"] == 21
+    assert main(["export", "parquet", lake, "--db", db]) == 2  # refuses to mix with an earlier export
+    assert "already holds" in capsys.readouterr().err
+    assert main(["runs", "--db", lake, "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 3
+
+
+def test_cli_process_env_default_db(db):
+    env = dict(os.environ, AGENTTAPE_DB=db)
+    out = subprocess.run([sys.executable, "-m", "otel_agenttape.cli", "sql", "SELECT count(*) AS n FROM runs",
+                          "--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [{"n": 3}]

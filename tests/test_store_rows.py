@@ -1,0 +1,167 @@
+"""OTLP -> Arrow rows: ids, times, typed attributes and promoted columns, built from real SDK spans."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import orjson
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from otel_agenttape import anyvalue
+from otel_agenttape import semconv as sc
+from otel_agenttape.store import rows, samples
+
+T0 = 1_767_225_600_123_456_789  # 2026-01-01T00:00:00.123456789Z
+I64_MAX = 2**63 - 1
+I64_MIN = -(2**63)
+
+
+def _typed_spans():
+    def build(tracer):
+        with tracer.start_as_current_span(
+            "invoke_agent a", start_time=T0, attributes={sc.GEN_AI_OPERATION_NAME: "invoke_agent", sc.RUN_ID: "r1"},
+            end_on_exit=False,
+        ) as root:
+            child = tracer.start_span(
+                "chat m",
+                kind=SpanKind.CLIENT,
+                start_time=T0 + 1,
+                links=[Link(root.get_span_context(), {"why": "x"})],
+                attributes={
+                    "i.max": I64_MAX,
+                    "i.min": I64_MIN,
+                    "d.one": 1.0,
+                    "d.neg0": -0.0,
+                    "b": b"\x00\xffab",
+                    "flag": True,
+                    "ints": [1, 2, 3],
+                    "text": "héllo \"q\" \n",
+                    sc.GEN_AI_OPERATION_NAME: "chat",
+                    sc.GEN_AI_SYSTEM: "openai",
+                    sc.GEN_AI_USAGE_INPUT_TOKENS: 12,
+                    sc.GEN_AI_USAGE_OUTPUT_TOKENS: 3,
+                    sc.STEP: 4,
+                    sc.CHAIN_SEQ: 9,
+                    sc.CHAIN_HASH: "ab" * 32,
+                },
+            )
+            child.add_event("e0", {"n": 1}, timestamp=T0 + 2)
+            child.add_event("e1", {"n": 1.5}, timestamp=T0 + 3)
+            child.set_status(Status(StatusCode.ERROR, "boom"))
+            child.end(end_time=T0 + 1_000_000_007)
+            root.end(end_time=T0 + 2_000_000_000)
+
+    return samples.sdk_requests(build)
+
+
+def test_spans_columns_types_and_ids():
+    reqs = _typed_spans()
+    t = rows.traces_to_tables(reqs)
+    assert t.spans.schema == rows.SCHEMAS["spans"]
+    by_name = {r["name"]: r for r in t.spans.to_pylist()}
+    root, child = by_name["invoke_agent a"], by_name["chat m"]
+    proto_child = [s for s in reqs[0].resource_spans[0].scope_spans[0].spans if s.name == "chat m"][0]
+    assert child["trace_id"] == proto_child.trace_id.hex() and child["trace_id"] == child["trace_id"].lower()
+    assert len(child["trace_id"]) == 32 and len(child["span_id"]) == 16
+    assert child["parent_span_id"] == root["span_id"] and root["parent_span_id"] is None
+    assert child["start_time_unix_nano"] == T0 + 1 and child["end_time_unix_nano"] == T0 + 1_000_000_007
+    assert child["date"] == dt.date(2026, 1, 1)
+    assert child["kind"] == 3 and child["status_code"] == 2 and child["status_message"] == "boom"
+    attrs = orjson.loads(child["attributes"])
+    assert attrs["i.max"] == {"i": str(I64_MAX)} and attrs["i.min"] == {"i": str(I64_MIN)}
+    assert attrs["d.one"] == {"d": "1.0"} and attrs["d.neg0"] == {"d": "-0.0"}
+    assert anyvalue.to_python(attrs["b"]) == b"\x00\xffab"
+    assert attrs["flag"] == {"bool": True}
+    assert attrs["ints"] == {"a": [{"i": "1"}, {"i": "2"}, {"i": "3"}]}
+    # byte-identical to the shared encoding used by the integrity leaf
+    assert child["attributes"] == anyvalue.dumps(anyvalue.attrs_from_proto(proto_child.attributes))
+    # promoted columns
+    assert child["provider_name"] == "openai" and child["operation_name"] == "chat"
+    assert child["input_tokens"] == 12 and child["output_tokens"] == 3 and child["step"] == 4
+    assert child["chain_seq"] == 9 and child["chain_hash"] == "ab" * 32
+    assert root["run_id"] == "r1" and child["run_id"] is None
+    assert child["service_name"] == "test-service" and child["scope_name"] == "otel_agenttape.tests"
+
+
+def test_events_links_resources():
+    t = rows.traces_to_tables(_typed_spans())
+    ev = t.span_events.to_pylist()
+    assert [e["event_index"] for e in ev] == [0, 1] and [e["name"] for e in ev] == ["e0", "e1"]
+    assert [e["time_unix_nano"] for e in ev] == [T0 + 2, T0 + 3]
+    assert orjson.loads(ev[0]["attributes"]) == {"n": {"i": "1"}}
+    assert orjson.loads(ev[1]["attributes"]) == {"n": {"d": "1.5"}}
+    links = t.span_links.to_pylist()
+    assert len(links) == 1 and links[0]["link_index"] == 0
+    root = [r for r in t.spans.to_pylist() if r["parent_span_id"] is None][0]
+    assert links[0]["linked_span_id"] == root["span_id"]
+    res = t.resources.to_pylist()
+    assert len(res) == 1 and len(res[0]["resource_id"]) == 64
+    assert orjson.loads(res[0]["attributes"])["service.name"] == {"s": "test-service"}
+    assert {r["resource_id"] for r in t.spans.to_pylist()} == {res[0]["resource_id"]}
+
+
+def test_in_batch_duplicates_kept_once():
+    reqs = _typed_spans()
+    t = rows.traces_to_tables(reqs + reqs)
+    assert t.spans.num_rows == 2 and t.in_batch_duplicates == 2
+    assert t.span_events.num_rows == 2 and t.span_links.num_rows == 1
+
+
+def test_kvlist_and_empty_values_from_proto():
+    reqs = _typed_spans()
+    span = reqs[0].resource_spans[0].scope_spans[0].spans[0]
+    kv = span.attributes.add()
+    kv.key = "nested"
+    inner = kv.value.kvlist_value.values.add()
+    inner.key = "z"
+    inner.value.int_value = 1
+    inner = kv.value.kvlist_value.values.add()
+    inner.key = "a"
+    inner.value.double_value = float("nan")
+    empty = span.attributes.add()
+    empty.key = "empty"
+    t = rows.traces_to_tables(reqs)
+    row = [r for r in t.spans.to_pylist() if r["span_id"] == span.span_id.hex()][0]
+    assert row["attributes"] == anyvalue.dumps(anyvalue.attrs_from_proto(span.attributes))
+    attrs = orjson.loads(row["attributes"])
+    assert list(attrs["nested"]["kv"]) == ["a", "z"] and attrs["nested"]["kv"]["a"] == {"d": "NaN"}
+    assert attrs["empty"] == {}
+
+
+def _logs_request():
+    req = ExportLogsServiceRequest()
+    rl = req.resource_logs.add()
+    a = rl.resource.attributes.add()
+    a.key, a.value.string_value = "service.name", "svc"
+    sl = rl.scope_logs.add()
+    sl.scope.name = "scope"
+    rec = sl.log_records.add()
+    rec.time_unix_nano = T0
+    rec.severity_number = 9
+    rec.event_name = sc.EVENT_INFERENCE_DETAILS
+    rec.body.int_value = I64_MAX
+    rec.trace_id = bytes(range(16))
+    rec.span_id = bytes(range(8))
+    b = rec.attributes.add()
+    b.key, b.value.bytes_value = "raw", b"\x01\x02"
+    rec2 = sl.log_records.add()
+    rec2.observed_time_unix_nano = T0 + 5
+    return req
+
+
+def test_logs_rows():
+    t = rows.logs_to_tables([_logs_request()])
+    recs = t.log_records.to_pylist()
+    assert len(recs) == 2
+    first, second = recs
+    assert len(first["log_id"]) == 64 and first["log_id"] != second["log_id"]
+    assert orjson.loads(first["body"]) == {"i": str(I64_MAX)}
+    assert first["trace_id"] == bytes(range(16)).hex() and first["span_id"] == bytes(range(8)).hex()
+    assert first["service_name"] == "svc" and first["event_name"] == sc.EVENT_INFERENCE_DETAILS
+    assert first["date"] == dt.date(2026, 1, 1)
+    assert second["body"] is None and second["trace_id"] is None and second["time_unix_nano"] is None
+    assert second["observed_time_unix_nano"] == T0 + 5 and second["date"] == dt.date(2026, 1, 1)
+    again = rows.logs_to_tables([_logs_request(), _logs_request()])
+    assert again.log_records.num_rows == 2 and again.in_batch_duplicates == 2
+    assert again.log_records.column("log_id").to_pylist() == [first["log_id"], second["log_id"]]

@@ -1,0 +1,97 @@
+"""The DuckDB store on real files: types survive, re-sent spans and logs are stored once."""
+
+from __future__ import annotations
+
+import os
+
+import duckdb
+import orjson
+
+from otel_agenttape import anyvalue
+from otel_agenttape.store import samples
+from otel_agenttape.store.reader import open_reader
+from otel_agenttape.store.writer import Store
+
+from test_store_rows import I64_MAX, I64_MIN, T0, _logs_request, _typed_spans
+
+
+def test_types_survive_a_duckdb_file(tmp_path):
+    db = str(tmp_path / "t.duckdb")
+    reqs = _typed_spans()
+    with Store(db) as store:
+        res = store.write_traces(reqs)
+        assert res.spans_stored == 2 and res.duplicates == 0
+    con = duckdb.connect(db, read_only=True)
+    types = dict(con.execute("SELECT column_name, data_type FROM information_schema.columns "
+                             "WHERE table_name = 'spans'").fetchall())
+    assert types["attributes"] == "JSON" and types["start_time_unix_nano"] == "BIGINT"
+    row = con.execute(
+        "SELECT attributes, start_time_unix_nano, end_time_unix_nano, date FROM spans WHERE name = 'chat m'"
+    ).fetchone()
+    con.close()
+    attrs = anyvalue.attrs_to_python(row[0])
+    assert attrs["i.max"] == I64_MAX and type(attrs["i.max"]) is int
+    assert attrs["i.min"] == I64_MIN
+    assert attrs["d.one"] == 1.0 and type(attrs["d.one"]) is float
+    assert attrs["b"] == b"\x00\xffab" and type(attrs["b"]) is bytes
+    assert row[1] == T0 + 1 and row[2] == T0 + 1_000_000_007
+    proto = [s for s in reqs[0].resource_spans[0].scope_spans[0].spans if s.name == "chat m"][0]
+    assert row[0] == anyvalue.dumps(anyvalue.attrs_from_proto(proto.attributes))
+
+
+def test_resent_spans_stored_once_in_batch_and_across_batches(tmp_path):
+    db = str(tmp_path / "d.duckdb")
+    reqs = samples.genai_requests(n_runs=3)
+    with Store(db) as store:
+        first = store.write_traces(reqs[:2] + reqs[:1])
+        assert first.spans_stored == 8 and first.duplicates == 4
+        second = store.write_traces(reqs)  # two runs already stored, one new
+        assert second.spans_stored == 4 and second.duplicates == 8
+        assert second.tables["spans"].num_rows == 4
+        assert set(second.tables["span_events"].column("span_id").to_pylist()) <= set(
+            second.tables["spans"].column("span_id").to_pylist())
+        third = store.write_traces(reqs)
+        assert third.spans_stored == 0 and third.duplicates == 12
+    reader = open_reader(db)
+    try:
+        counts = reader.query(
+            "SELECT (SELECT count(*) FROM spans), (SELECT count(DISTINCT (trace_id, span_id)) FROM spans), "
+            "(SELECT count(*) FROM span_events), (SELECT count(*) FROM resources)").to_pylist()[0]
+        assert list(counts.values()) == [12, 12, 3 * 7, 1]
+    finally:
+        reader.close()
+
+
+def test_logs_deduplicated(tmp_path):
+    with Store(str(tmp_path / "l.duckdb")) as store:
+        assert store.write_logs([_logs_request()]).logs_stored == 2
+        again = store.write_logs([_logs_request()])
+        assert again.logs_stored == 0 and again.duplicates == 2
+        body = store.reader().query("SELECT body FROM log_records WHERE body IS NOT NULL").column(0)[0].as_py()
+        assert orjson.loads(body) == {"i": str(I64_MAX)}
+
+
+def test_store_reopens_and_keeps_rows(tmp_path):
+    db = str(tmp_path / "r.duckdb")
+    reqs = samples.genai_requests(n_runs=2)
+    with Store(db) as store:
+        store.write_traces(reqs)
+    with Store(db) as store:  # schema creation is idempotent; dedupe sees rows of the earlier process
+        assert store.write_traces(reqs).duplicates == 8
+    assert os.path.getsize(db) > 0
+
+
+def test_failed_write_rolls_back(tmp_path):
+    store = Store(None)
+    tables = store.write_traces(samples.genai_requests(n_runs=1)).tables
+    assert tables["spans"].num_rows == 4
+    bad = samples.genai_requests(n_runs=1, seed=99)
+    t = __import__("otel_agenttape.store.rows", fromlist=["x"]).traces_to_tables(bad)
+    t.span_events = t.span_events.drop_columns(["name"])  # wrong shape: the insert fails
+    try:
+        store.write_tables(t)
+        raise AssertionError("expected failure")
+    except duckdb.Error:
+        pass
+    assert store.reader().query("SELECT count(*) FROM spans").column(0)[0].as_py() == 4
+    store.close()
