@@ -194,6 +194,71 @@ def cmd_verify_proof(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Record a scripted multi-agent run through a local receiver, then show, replay and verify it."""
+    import json
+
+    from otel_agenttape.demo import run_demo
+    from otel_agenttape.store.reader import open_reader
+    from otel_agenttape.tape.rebuild import reconstruct_tree
+    from otel_agenttape.tape.verification import verify_store
+
+    try:
+        result = run_demo(args.db)
+    except OSError as exc:
+        raise CliError(f"cannot run the demo: {exc}") from None
+    reader = open_reader(args.db)
+    try:
+        tree = reconstruct_tree(reader, result["run_id"])
+        reports = verify_store(reader)
+    finally:
+        reader.close()
+    tape_run = [r for r in reports if r.chain_id == result["run_id"]] or reports
+    valid = bool(tape_run) and all(r.valid for r in tape_run)
+    if args.json:
+        print(json.dumps({
+            "db": args.db, "run_id": result["run_id"], "children": result["children"],
+            "outputs": result["outputs"], "spans": result["spans"], "runs": result["runs"],
+            "verified": valid, "seconds": result["seconds"],
+            "tree": tree.root.to_json(children=True),
+        }, default=str, indent=2))
+        return EXIT_OK if valid else EXIT_FAILED
+    print(f"Recorded the demo through OTLP into {args.db}: {result['spans']} spans "
+          f"in {result['seconds']} s (capture dropped {result['capture_stats'].get('spans_dropped', 0)}).")
+    print()
+    print(f"{'run':34} {'agent':12} {'status':10} {'model':>5} {'tool':>5} {'tokens in/out':>14}")
+    for r in result["runs"]:
+        tokens = f"{r.get('input_tokens') or 0}/{r.get('output_tokens') or 0}"
+        print(f"{r['run_id']:34} {str(r['agent']):12} {r['status']:10} {r['model_nodes']:>5} "
+              f"{r['tool_nodes']:>5} {tokens:>14}")
+    print()
+    print("Tape tree (rebuilt from the store, no model call):")
+
+    def show(run, indent: str = "  ") -> None:
+        tools = ", ".join(f"{t.name}{' (error)' if t.error else ''}" for t in run.tools)
+        print(f"{indent}{run.agent} [{run.status}] {run.run_id}" + (f"  tools: {tools}" if tools else ""))
+        out = str(run.output or "")
+        print(f"{indent}  -> {out[:110]}{'...' if len(out) > 110 else ''}")
+        for child in run.children:
+            show(child, indent + "    ")
+
+    show(tree.root)
+    print()
+    for r in tape_run:
+        state = "verified" if r.valid else f"BROKEN at {r.first_broken_index}: {r.reason}"
+        print(f"Integrity: tape {r.chain_id} epoch {r.epoch}: {r.length} sealed spans, {state}")
+    rid = result["run_id"]
+    print()
+    print("Next:")
+    print(f"  agenttape runs --db {args.db}")
+    print(f"  agenttape show {rid} --db {args.db}")
+    print(f"  agenttape replay {rid} --tree --json --db {args.db}")
+    print(f"  agenttape verify --db {args.db}")
+    print(f"  agenttape sql \"SELECT name, duration_ms FROM spans ORDER BY start_time_unix_nano\" --db {args.db}")
+    print("  agenttape serve   # then point any OTLP exporter at http://127.0.0.1:4318")
+    return EXIT_OK if valid else EXIT_FAILED
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agenttape",
@@ -202,6 +267,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     # Subcommands register themselves below (one block each).
+    p = sub.add_parser("demo", help="record a scripted multi-agent run offline, then show and verify it")
+    p.add_argument("--db", default=default_db(), help="DuckDB file to record into (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_demo)
     p = sub.add_parser("serve", help="run the OTLP receiver (gRPC + HTTP) writing to the tape store")
     p.add_argument("--db", default=default_db(), help="DuckDB file (env AGENTTAPE_DB)")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="bind address (env AGENTTAPE_HOST)")

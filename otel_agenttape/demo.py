@@ -105,7 +105,7 @@ class ScriptedModel:
                 raise TransientModelError("429 rate limited (scripted)")
             text = "Risks: payload size limits and content capture must be opt-in; both are manageable."
             calls, reasoning = [], "Weigh the findings against operational risk."
-        elif last["role"] == "user":
+        elif last["role"] == "user" and " says: " not in str(last.get("content")):
             text = "Plan: ask the researcher for facts and the critic for risks, then decide."
             calls, reasoning = [], "Split the question into facts and risks."
         else:
@@ -209,3 +209,39 @@ def run_demo_agents(tape: Any, model: Any | None = None, tools: Any | None = Non
         run.set_output(final.text)
         outputs["coordinator"] = final.text
     return {"run_id": run.run_id, "children": children, "outputs": outputs}
+
+
+def run_demo(db: str, *, out: Any = None, keep_going: bool = True) -> dict[str, Any]:
+    """Start a receiver on free loopback ports, record the demo through the real OTLP exporter,
+    wait until every span is stored, and report what is in the store."""
+    import sys
+    import time
+
+    from otel_agenttape.capture.setup import setup
+    from otel_agenttape.receiver.server import TapeServer
+
+    out = out or sys.stdout
+    started = time.monotonic()
+    server = TapeServer(db, host="127.0.0.1", http_port=0, grpc_port=0)
+    server.start()
+    try:
+        tape = setup(endpoint=f"http://127.0.0.1:{server.http_port}", protocol="http/protobuf",
+                     service_name="agenttape-demo")
+        try:
+            result = run_demo_agents(tape)
+        finally:
+            tape.shutdown()
+        stats = tape.stats()
+        if not server.wait_idle(60):
+            raise RuntimeError("the receiver did not store every span within 60 s")
+        runs = server.query(
+            "SELECT run_id, agent, status, model_nodes, tool_nodes, input_tokens, output_tokens "
+            "FROM runs ORDER BY start_time_unix_nano", None)
+        spans = server.query("SELECT count(*) AS n FROM spans", None).column("n")[0].as_py()
+    finally:
+        server.stop()
+    result["runs"] = runs.to_pylist()
+    result["spans"] = spans
+    result["capture_stats"] = stats
+    result["seconds"] = round(time.monotonic() - started, 2)
+    return result
