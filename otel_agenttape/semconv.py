@@ -94,7 +94,7 @@ CHAIN_PREV = "agenttape.chain.prev"
 CHAIN_HASH = "agenttape.chain.hash"
 CHAIN_EPOCH = "agenttape.chain.epoch"
 
-# Checkpoints (exported as log records)
+# Checkpoints (exported as spans named agenttape.checkpoint)
 EVENT_CHECKPOINT = "agenttape.checkpoint"
 CHECKPOINT_NOTE = "agenttape.checkpoint.note"
 

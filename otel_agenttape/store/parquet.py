@@ -122,7 +122,7 @@ def export_parquet(reader: Any, root: str, overwrite: bool = False) -> dict[str,
     """Write every table of a store to a lake at ``root`` (one-shot); returns rows written per table."""
     existing = [t for t in schema.TABLES if os.path.isdir(os.path.join(root, t))]
     if existing and not overwrite:
-        raise FileExistsError(f"{root} already holds {', '.join(existing)}; pass overwrite to replace them")
+        raise FileExistsError(f"{root} already holds {', '.join(existing)}; pass --overwrite (overwrite=True) to replace them")
     for t in existing:
         shutil.rmtree(os.path.join(root, t))
     os.makedirs(root, exist_ok=True)

@@ -53,7 +53,7 @@ def load_otlp_files(paths: Sequence[str]) -> Any:
 
 def open_source(db: str | None = None, parquet: str | None = None, otlp: Sequence[str] | None = None) -> Any:
     """A reader over OTLP files if given, else a Parquet lake, else a DuckDB store."""
-    from ..store.reader import StoreError, open_duckdb, open_lake
+    from ..store.reader import StoreError, open_lake, open_reader
 
     if otlp:
         return _OwnedReader(load_otlp_files(otlp))
@@ -64,6 +64,6 @@ def open_source(db: str | None = None, parquet: str | None = None, otlp: Sequenc
             return open_lake(parquet)
         if not db:
             raise SourceError("no source: give --db, --parquet or --otlp")
-        return open_duckdb(db)
+        return open_reader(db)  # a DuckDB file, or a Parquet lake folder given as --db
     except StoreError as exc:
         raise SourceError(str(exc)) from None
