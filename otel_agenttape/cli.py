@@ -259,6 +259,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if valid else EXIT_FAILED
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check packages, export settings, the store and a running receiver; list every loss counter."""
+    import json
+
+    from otel_agenttape.doctor import diagnose
+
+    checks = diagnose(args.db)
+    if args.json:
+        print(json.dumps([{"name": c.name, "ok": c.ok, "detail": c.detail, "data": c.data} for c in checks],
+                         indent=2, default=str))
+    else:
+        for c in checks:
+            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}")
+        print("Capture counters (spans dropped, exporter errors, cut payloads) live in the agent process: "
+              "tape.stats().")
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agenttape",
@@ -271,6 +289,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=default_db(), help="DuckDB file to record into (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("doctor", help="check packages, export settings, store and receiver; show loss counters")
+    p.add_argument("--db", default=default_db(), help="DuckDB file (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("serve", help="run the OTLP receiver (gRPC + HTTP) writing to the tape store")
     p.add_argument("--db", default=default_db(), help="DuckDB file (env AGENTTAPE_DB)")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="bind address (env AGENTTAPE_HOST)")

@@ -1,0 +1,145 @@
+"""``agenttape doctor``: one place that says whether recording and storing work, and what was lost.
+
+It reads what each part already exposes (package versions, the OTLP export settings that ``setup()``
+would use, the store file, a running receiver's ``/healthz`` and ``/metrics``) and reports every
+counter of loss — rejected spans, store errors, pending write-ahead log — so no drop stays silent.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+_PACKAGES = ("otel-agenttape", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http",
+             "opentelemetry-exporter-otlp-proto-grpc", "opentelemetry-proto", "protobuf", "duckdb", "pyarrow")
+_LOSS_METRICS = ("agenttape_spans_rejected_total", "agenttape_logs_rejected_total",
+                 "agenttape_store_errors_total", "agenttape_parquet_errors_total", "agenttape_backpressure_total")
+_INFO_METRICS = ("agenttape_spans_accepted_total", "agenttape_spans_stored_total",
+                 "agenttape_spans_duplicate_total", "agenttape_wal_lag_records", "agenttape_queue_bytes")
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _versions() -> Check:
+    found: dict[str, str] = {}
+    missing = []
+    for name in _PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+    try:
+        from google.protobuf.internal import api_implementation
+
+        found["protobuf backend"] = api_implementation.Type()
+    except Exception:  # pragma: no cover - very old protobuf
+        pass
+    detail = ", ".join(f"{k} {v}" for k, v in found.items())
+    if missing:
+        detail += f"; missing: {', '.join(missing)}"
+    return Check("packages", not missing, detail, found)
+
+
+def _export_settings() -> Check:
+    env = {k: ("<set>" if "HEADERS" in k else v) for k, v in sorted(os.environ.items())
+           if k.startswith("OTEL_EXPORTER_OTLP") or k.startswith("AGENTTAPE_")}
+    endpoint = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                or "http://localhost:4318 (the exporter's default)")
+    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "http/protobuf")
+    return Check("export settings", True, f"setup() without arguments exports to {endpoint} over {protocol}", env)
+
+
+def _scrape(url: str, token: str | None) -> dict[str, float]:
+    req = urllib.request.Request(url.rstrip("/") + "/metrics")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=5) as resp:  # loopback: the discovery file's URL
+        text = resp.read().decode("utf-8", "replace")
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0]
+        try:
+            totals[name] = totals.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return totals
+
+
+def _served(db: str, info: dict[str, Any]) -> list[Check]:
+    url, token = info.get("url"), info.get("token")
+    checks: list[Check] = []
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=5) as resp:
+            healthy = resp.status == 200
+    except (urllib.error.URLError, OSError) as exc:
+        return [Check("receiver", False, f"{db} is announced by pid {info.get('pid')} at {url}, "
+                                         f"but /healthz failed: {exc}")]
+    checks.append(Check("receiver", healthy, f"pid {info.get('pid')} serves {db} at {url}; /healthz "
+                                              f"{'200' if healthy else 'not ready'}"))
+    try:
+        totals = _scrape(url, token)
+    except (urllib.error.URLError, OSError) as exc:
+        checks.append(Check("receiver metrics", False, f"/metrics failed: {exc}"))
+        return checks
+    losses = {k: totals.get(k, 0.0) for k in _LOSS_METRICS}
+    info_values = {k: totals.get(k, 0.0) for k in _INFO_METRICS}
+    lost = {k: v for k, v in losses.items() if v}
+    detail = ", ".join(f"{k.removeprefix('agenttape_')}={int(v)}" for k, v in {**info_values, **losses}.items())
+    checks.append(Check("receiver counters", not lost, detail, {**info_values, **losses}))
+    return checks
+
+
+def _offline(db: str) -> list[Check]:
+    from otel_agenttape.store.reader import StoreError, open_reader
+
+    checks: list[Check] = []
+    wal = Path(db + ".otlpwal")
+    pending = sum(p.stat().st_size for p in wal.glob("*") if p.is_file()) if wal.is_dir() else 0
+    if pending:
+        checks.append(Check("write-ahead log", True, f"{pending} bytes in {wal}: applied (deduplicated) "
+                                                     f"the next time `agenttape serve --db {db}` starts"))
+    try:
+        reader = open_reader(db)
+    except StoreError as exc:
+        return checks + [Check("store", False, str(exc))]
+    try:
+        row = reader.query(
+            "SELECT (SELECT count(*) FROM spans) AS spans, (SELECT count(*) FROM runs) AS runs, "
+            "(SELECT count(DISTINCT chain_id) FROM spans WHERE chain_id IS NOT NULL) AS tapes, "
+            "(SELECT count(*) FROM log_records) AS logs").to_pylist()[0]
+    finally:
+        reader.close()
+    checks.append(Check("store", True, f"{db}: {row['spans']} spans, {row['runs']} runs, {row['tapes']} sealed "
+                                       f"tapes, {row['logs']} log records", row))
+    return checks
+
+
+def diagnose(db: str) -> list[Check]:
+    """Every check, in the order a person reads them."""
+    from otel_agenttape.receiver.server import read_discovery
+
+    checks = [_versions(), _export_settings()]
+    info = read_discovery(db)
+    if info is not None:
+        checks += _served(db, info)
+    elif os.path.exists(db):
+        checks += _offline(db)
+    else:
+        checks.append(Check("store", False, f"no store at {db}: run `agenttape serve --db {db}` "
+                                            f"(or `agenttape demo --db {db}`) first"))
+    return checks

@@ -1,0 +1,58 @@
+"""`agenttape doctor` reports the store, a running receiver, and makes rejected data visible."""
+
+import json
+
+import httpx
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from otel_agenttape.cli import main
+from otel_agenttape.receiver.server import TapeServer
+
+
+def _doctor(capsys, db):
+    code = main(["doctor", "--db", str(db), "--json"])
+    return code, {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+
+
+def test_doctor_without_store_fails_with_a_hint(tmp_path, capsys):
+    code, checks = _doctor(capsys, tmp_path / "missing.duckdb")
+    assert code == 1
+    assert "agenttape serve" in checks["store"]["detail"]
+
+
+def test_doctor_shows_rejections_of_a_running_receiver(tmp_path, capsys):
+    db = tmp_path / "t.duckdb"
+    server = TapeServer(str(db), http_port=0, grpc_port=0)
+    server.start()
+    try:
+        code, checks = _doctor(capsys, db)
+        assert code == 0 and checks["receiver counters"]["ok"]
+        req = ExportTraceServiceRequest()
+        spans = req.resource_spans.add().scope_spans.add()
+        good = spans.spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="ok",
+                               start_time_unix_nano=1, end_time_unix_nano=2)
+        assert good
+        spans.spans.add(trace_id=b"\x01" * 16, span_id=b"\x03" * 3, name="bad id",
+                        start_time_unix_nano=1, end_time_unix_nano=2)
+        resp = httpx.post(f"http://127.0.0.1:{server.http_port}/v1/traces", content=req.SerializeToString(),
+                          headers={"Content-Type": "application/x-protobuf"})
+        assert resp.status_code == 200
+        assert server.wait_idle(30)
+        code, checks = _doctor(capsys, db)
+    finally:
+        server.stop()
+    assert code == 1
+    counters = checks["receiver counters"]
+    assert counters["ok"] is False
+    assert counters["data"]["agenttape_spans_rejected_total"] == 1
+    assert counters["data"]["agenttape_spans_stored_total"] == 1
+
+
+def test_doctor_offline_counts_what_is_stored(tmp_path, capsys):
+    db = tmp_path / "t.duckdb"
+    server = TapeServer(str(db), http_port=0, grpc_port=0)
+    server.start()
+    server.stop()
+    code, checks = _doctor(capsys, db)
+    assert code == 0
+    assert checks["store"]["data"]["spans"] == 0
