@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import hashlib
 
-from otel_agenttape.integrity import Chain, Entry, Signer, genesis, link_hash, parse_notes, sign_note, verify_chain
+from otel_agenttape.integrity import (
+    Chain,
+    Entry,
+    Signer,
+    genesis,
+    link_hash,
+    parse_notes,
+    sign_note,
+    verify_chain,
+)
 from otel_agenttape.integrity.checkpoint import Checkpoint
 
 
@@ -22,7 +31,7 @@ def test_link_is_sha256_of_prev_bar_leaf_and_genesis_binds_the_tape() -> None:
     assert link_hash("ab", b"{}") == hashlib.sha256(b"ab|{}").hexdigest()
     assert genesis("a") != genesis("b") != genesis("a", 1)
     assert genesis("a") != "0" * 64
-    chain, entries = _tape(3)
+    _, entries = _tape(3)
     assert entries[0].prev == genesis("t1") and entries[1].prev == entries[0].hash
 
 
@@ -64,7 +73,7 @@ def test_tamper_hook_edit_delete_swap_splice() -> None:
 
 def test_checkpoints_catch_truncation_and_reseal() -> None:
     key, attacker = Signer.generate("k.example/agent"), Signer.generate("k.example/agent")
-    chain, entries = _tape(8)
+    _, entries = _tape(8)
     notes = []
     c2 = Chain("t1")
     for e in entries:

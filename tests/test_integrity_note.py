@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from otel_agenttape.integrity.checkpoint import Checkpoint, CheckpointError, origin_for, parse_origin
-from otel_agenttape.integrity.note import NoteError, Signer, Verifier, open_note, sign_note
+from otel_agenttape.integrity.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    origin_for,
+    parse_origin,
+)
+from otel_agenttape.integrity.note import (
+    NoteError,
+    Signer,
+    Verifier,
+    open_note,
+    sign_note,
+)
 
 # c2sp.org/signed-note, "Example"
 SPEC_VKEY = "example.com/foo+530d903a+AekyeRrm56hApGFkyQR4ZCbV54Id2LKaANYcrnKv3U2k"

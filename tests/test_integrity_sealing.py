@@ -9,8 +9,18 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_agenttape import semconv
 from otel_agenttape.capture.sealing import SealingSpanProcessor
-from otel_agenttape.integrity import Signer, genesis, leaf_from_sdk, link_hash, open_note
-from otel_agenttape.integrity.checkpoint import Checkpoint, origin_for, read_checkpoint_file
+from otel_agenttape.integrity import (
+    Signer,
+    genesis,
+    leaf_from_sdk,
+    link_hash,
+    open_note,
+)
+from otel_agenttape.integrity.checkpoint import (
+    Checkpoint,
+    origin_for,
+    read_checkpoint_file,
+)
 from otel_agenttape.integrity.note import split_note
 from otel_agenttape.store.writer import Store
 from otel_agenttape.tape.verification import verify_store
@@ -21,7 +31,7 @@ def _chained(spans):
 
 
 def test_one_chain_per_root_run_named_by_its_run_id() -> None:
-    provider, sealer, exporter = sealed_provider()
+    provider, _, exporter = sealed_provider()
     tracer = provider.get_tracer("otel_agenttape")
     other = provider.get_tracer("some.http.lib")
     for run in ("r1", "r2"):
@@ -58,7 +68,7 @@ def test_checkpoints_at_nodes_every_n_and_run_end_signed_and_filed(tmp_path) -> 
     key = Signer.generate("k.example/agent")
     cp_file = tmp_path / "cp.jsonl"
     records = []
-    provider, sealer, exporter = sealed_provider(signing_key=key, checkpoint_file=cp_file, checkpoint_every=4,
+    provider, _, exporter = sealed_provider(signing_key=key, checkpoint_file=cp_file, checkpoint_every=4,
                                                  checkpoint_on_nodes=False, on_checkpoint=records.append)
     tracer = provider.get_tracer("otel_agenttape")
     with tracer.start_as_current_span("run", attributes={semconv.RUN_ID: "r"}):

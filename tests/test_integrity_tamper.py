@@ -229,3 +229,20 @@ def test_edited_parquet_file(tmp_path, key) -> None:
     pq.write_table(table, path)
     r = verify(lake, key, cp)
     assert (r.first_broken_index, r.reason) == (7, "leaf hash mismatch at seq 7: span content edited")
+
+
+def test_parallel_verification_matches(tmp_path, key, monkeypatch) -> None:
+    from otel_agenttape.tape import verification
+
+    db, cp = build_db(tmp_path, key)
+    con = duckdb.connect(db)
+    sid, attrs = span_at(con, 9)
+    a = orjson.loads(attrs)
+    a["blob"] = {"b": "AA=="}
+    con.execute("UPDATE spans SET attributes = ? WHERE span_id = ?", [orjson.dumps(a).decode(), sid])
+    con.close()
+    monkeypatch.setattr(verification, "PARALLEL_MIN_ROWS", 1)
+    reader = open_reader(db)
+    (r,) = verify_store(reader, verifiers=[key.verifier()], checkpoint_files=[cp], workers=2)
+    reader.close()
+    assert (r.first_broken_index, r.reason) == (9, "leaf hash mismatch at seq 9: span content edited")

@@ -3,8 +3,8 @@
 It wraps the next processor (normally the export queue). The SDK's ``on_end`` span is read-only, so
 it forwards a copy that carries ``agenttape.chain.id/seq/prev/hash/epoch``. One chain per tape: the
 tape is the local root of a trace, its id the first ``agenttape.run.id`` seen starting in the trace
-(the root run) or else the trace id. At step boundaries (each model/tool node), at least every
-``checkpoint_every`` spans or ``checkpoint_interval_s`` seconds, and at run end it signs a C2SP
+(the root run) or else the trace id. At least every ``checkpoint_every`` spans or
+``checkpoint_interval_s`` seconds (optionally at every model/tool node end), and at run end it signs a C2SP
 checkpoint, appends it to a local checkpoint file and exports it as an ``agenttape.checkpoint`` span.
 Values OTLP cannot carry (integers beyond int64, unpaired surrogates, odd types) are replaced before
 hashing so that the leaf matches what the exporter sends; their keys are listed in
@@ -28,8 +28,8 @@ import orjson
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
-from opentelemetry.trace.status import Status
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace.status import Status
 
 from otel_agenttape import semconv
 from otel_agenttape.integrity.chain import Chain
@@ -37,6 +37,7 @@ from otel_agenttape.integrity.checkpoint import Checkpoint, read_checkpoint_file
 from otel_agenttape.integrity.jcs import CanonicalError
 from otel_agenttape.integrity.leaf import (
     NotOtlpSafe,
+    _raw,
     clean_text,
     leaf_bytes,
     otlp_safe_attributes,
@@ -84,8 +85,18 @@ def load_signer(key: Signer | str | os.PathLike[str] | None) -> Signer | None:
 
 
 class _Tape:
-    __slots__ = ("trace_id", "chain_id", "from_run", "root_span_id", "root_ctx", "chain", "resource",
-                 "last_cp_size", "last_cp_time", "restore_ext")
+    __slots__ = (
+        "chain",
+        "chain_id",
+        "from_run",
+        "last_cp_size",
+        "last_cp_time",
+        "resource",
+        "restore_ext",
+        "root_ctx",
+        "root_span_id",
+        "trace_id",
+    )
 
     def __init__(self, trace_id: int, chain_id: str, from_run: bool) -> None:
         self.trace_id = trace_id
@@ -108,7 +119,8 @@ class SealingSpanProcessor(SpanProcessor):
     ``AGENTTAPE_SIGNING_KEY`` file, else a per-process ephemeral key whose vkey rides on the checkpoint
     span); ``checkpoint_file``: local JSON-lines file the checkpoints are appended to (default
     ``AGENTTAPE_CHECKPOINTS``, else none); ``checkpoint_every`` (256) and ``checkpoint_interval_s``
-    (1.0); ``checkpoint_on_nodes`` (True: a model/tool node end is a step boundary);
+    (1.0); ``checkpoint_on_nodes`` (False; True also checkpoints at every model/tool node end, which
+    doubles the exported spans of a run);
     ``seal_foreign`` (True: spans of other instrumentations are sealed into the trace's tape too);
     ``export_checkpoints`` (True: forward checkpoint spans); ``on_node(span)``: called with each
     sealed model/tool node span; ``on_checkpoint(record)``: called with each checkpoint record;
@@ -123,7 +135,7 @@ class SealingSpanProcessor(SpanProcessor):
         checkpoint_file: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 256,
         checkpoint_interval_s: float = 1.0,
-        checkpoint_on_nodes: bool = True,
+        checkpoint_on_nodes: bool = False,
         seal_foreign: bool = True,
         export_checkpoints: bool = True,
         on_node: Callable[[ReadableSpan], Any] | None = None,
@@ -231,13 +243,13 @@ class SealingSpanProcessor(SpanProcessor):
     def _seal(self, span: ReadableSpan) -> tuple[ReadableSpan, tuple | None]:
         if not self.seal_foreign and not _ours(span):
             return span, None
-        attrs = span.attributes or {}
+        attrs = _raw(span)
         events = None
         try:
             leaf = leaf_bytes(project_sdk(span))
         except (NotOtlpSafe, CanonicalError, UnicodeEncodeError):
             span = _make_safe(span)
-            attrs = span.attributes
+            attrs = _raw(span)
             events = span._events
             self.coerced += 1
             leaf = leaf_bytes(project_sdk(span))

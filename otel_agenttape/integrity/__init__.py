@@ -4,7 +4,12 @@ Pure code (no SDK servers, no DuckDB). ``docs/integrity.md`` specifies the forma
 """
 
 from otel_agenttape.integrity.chain import Chain, Link, genesis, link_hash
-from otel_agenttape.integrity.checkpoint import Checkpoint, CheckpointError, origin_for, parse_origin
+from otel_agenttape.integrity.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    origin_for,
+    parse_origin,
+)
 from otel_agenttape.integrity.jcs import CanonicalError
 from otel_agenttape.integrity.leaf import (
     LEAF_VERSION,
@@ -22,15 +27,55 @@ from otel_agenttape.integrity.merkle import (
     verify_consistency,
     verify_inclusion,
 )
-from otel_agenttape.integrity.note import NoteError, Signer, Verifier, open_note, sign_note
+from otel_agenttape.integrity.note import (
+    NoteError,
+    Signer,
+    Verifier,
+    open_note,
+    sign_note,
+)
 from otel_agenttape.integrity.proof import ProofInvalid, build_proof, verify_proof
-from otel_agenttape.integrity.verify import ChainReport, Entry, SignedCheckpoint, parse_notes, verify_chain
+from otel_agenttape.integrity.verify import (
+    ChainReport,
+    Entry,
+    SignedCheckpoint,
+    parse_notes,
+    verify_chain,
+)
 
 __all__ = [
-    "CanonicalError", "Chain", "ChainReport", "Checkpoint", "CheckpointError", "Entry", "LEAF_VERSION", "Link",
-    "NoteError", "NotOtlpSafe", "ProofError", "ProofInvalid", "SignedCheckpoint", "Signer", "Verifier",
-    "build_proof", "consistency_proof", "genesis", "inclusion_proof", "leaf_from_proto", "leaf_from_row",
-    "leaf_from_sdk", "leaf_hash", "link_hash", "open_note", "origin_for", "otlp_safe_attributes",
-    "parse_notes", "parse_origin", "sign_note", "verify_chain", "verify_consistency", "verify_inclusion",
+    "LEAF_VERSION",
+    "CanonicalError",
+    "Chain",
+    "ChainReport",
+    "Checkpoint",
+    "CheckpointError",
+    "Entry",
+    "Link",
+    "NotOtlpSafe",
+    "NoteError",
+    "ProofError",
+    "ProofInvalid",
+    "SignedCheckpoint",
+    "Signer",
+    "Verifier",
+    "build_proof",
+    "consistency_proof",
+    "genesis",
+    "inclusion_proof",
+    "leaf_from_proto",
+    "leaf_from_row",
+    "leaf_from_sdk",
+    "leaf_hash",
+    "link_hash",
+    "open_note",
+    "origin_for",
+    "otlp_safe_attributes",
+    "parse_notes",
+    "parse_origin",
+    "sign_note",
+    "verify_chain",
+    "verify_consistency",
+    "verify_inclusion",
     "verify_proof",
 ]

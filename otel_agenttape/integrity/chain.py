@@ -9,7 +9,7 @@ restored tape (a new epoch) never continues the old chain silently.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from otel_agenttape.integrity.checkpoint import origin_for
 from otel_agenttape.integrity.merkle import CompactRange, leaf_hash
@@ -27,8 +27,9 @@ def link_hash(prev: str, leaf: bytes) -> str:
     return _sha256(prev.encode("ascii") + b"|" + leaf).hexdigest()
 
 
-@dataclass(frozen=True)
-class Link:
+class Link(NamedTuple):
+    """One sealed entry's chain fields (a tuple: cheap to create on the hot path)."""
+
     chain_id: str
     epoch: int
     seq: int
@@ -39,7 +40,7 @@ class Link:
 class Chain:
     """Appends leaves to one tape's chain and keeps the RFC 9162 tree over them (not thread-safe)."""
 
-    __slots__ = ("chain_id", "epoch", "origin", "size", "head", "tree")
+    __slots__ = ("chain_id", "epoch", "head", "origin", "size", "tree")
 
     def __init__(self, chain_id: str, epoch: int = 0) -> None:
         self.chain_id = chain_id

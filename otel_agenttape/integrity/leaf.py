@@ -37,7 +37,7 @@ class NotOtlpSafe(ValueError):
 
 def encode_double(value: float) -> str:
     """Python ``repr`` of the double; ``NaN``, ``Infinity``, ``-Infinity`` and ``-0.0`` tagged."""
-    if value != value:
+    if math.isnan(value):
         return "NaN"
     if value in (math.inf, -math.inf):
         return "Infinity" if value > 0 else "-Infinity"
@@ -75,7 +75,11 @@ def _attrs_python(attrs: Mapping[str, Any] | None, skip_chain: bool) -> dict[str
     if not attrs:
         return {}
     keys = [k for k in attrs if not k.startswith(_CHAIN_PREFIX)] if skip_chain else list(attrs)
-    return {k: typed_from_python(attrs[k]) for k in sorted_keys(keys)}
+    out = {}
+    for k in sorted_keys(keys):
+        v = attrs[k]
+        out[k] = {"s": v} if type(v) is str else typed_from_python(v)  # strings dominate: skip the call
+    return out
 
 
 def typed_from_proto(value: Any) -> dict[str, Any]:
@@ -123,7 +127,11 @@ def _attrs_stored(attrs: Any, skip_chain: bool) -> dict[str, Any]:
     if isinstance(attrs, (str, bytes)):
         attrs = orjson.loads(attrs) if attrs else {}
     keys = [k for k in attrs if not k.startswith(_CHAIN_PREFIX)] if skip_chain else list(attrs)
-    return {k: canonical_typed(attrs[k]) for k in sorted_keys(keys)}
+    out = {}
+    for k in sorted_keys(keys):
+        v = attrs[k]
+        out[k] = canonical_typed(v) if ("kv" in v or "a" in v) else v
+    return out
 
 
 # --- projections ----------------------------------------------------------------------------------
@@ -181,27 +189,36 @@ def _sdk_trace_state(ts: Any) -> str:
     return ",".join(f"{k}={v}" for k, v in ts.items())
 
 
+def _raw(obj: Any) -> Mapping[str, Any]:
+    """The plain dict behind an SDK attribute holder (``BoundedAttributes`` reads are slow)."""
+    attrs = getattr(obj, "_attributes", None)
+    if attrs is None:
+        attrs = obj.attributes
+    inner = getattr(attrs, "_dict", None)
+    return inner if inner is not None else (attrs or {})
+
+
 def project_sdk(span: Any) -> dict[str, Any]:
     """Projection of a live SDK ``ReadableSpan``; raises ``NotOtlpSafe`` for values OTLP cannot carry."""
     ctx = span.context
     parent = span.parent
     status = span.status
     events = [
-        _event(e.name, e.timestamp, _attrs_python(e.attributes, False), e.dropped_attributes)
-        for e in span.events
-    ]
+        _event(e.name, e.timestamp, _attrs_python(_raw(e), False), e.dropped_attributes)
+        for e in span._events
+    ] if span._events else []
     links = [
         _link(
             f"{lk.context.trace_id:032x}", f"{lk.context.span_id:016x}",
-            _attrs_python(lk.attributes, False), lk.dropped_attributes,
+            _attrs_python(_raw(lk), False), lk.dropped_attributes,
         )
-        for lk in span.links
-    ]
+        for lk in span._links
+    ] if span._links else []
     return _projection(
         f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", f"{parent.span_id:016x}" if parent is not None else "",
         _sdk_trace_state(ctx.trace_state), span.name, span.kind.value + 1,
         span.start_time, span.end_time, status.status_code.value, status.description or "",
-        _attrs_python(span.attributes, True),
+        _attrs_python(_raw(span), True),
         span.dropped_attributes, span.dropped_events, span.dropped_links, events, links,
     )
 
@@ -331,7 +348,21 @@ def _same_typed(original: Any, safe: Any) -> bool:
 
 
 __all__ = [
-    "CanonicalError", "LEAF_VERSION", "NotOtlpSafe", "canonical_typed", "clean_text", "encode_double",
-    "leaf_bytes", "leaf_from_proto", "leaf_from_row", "leaf_from_sdk", "otlp_safe", "otlp_safe_attributes",
-    "project_proto", "project_row", "project_sdk", "typed_from_proto", "typed_from_python",
+    "LEAF_VERSION",
+    "CanonicalError",
+    "NotOtlpSafe",
+    "canonical_typed",
+    "clean_text",
+    "encode_double",
+    "leaf_bytes",
+    "leaf_from_proto",
+    "leaf_from_row",
+    "leaf_from_sdk",
+    "otlp_safe",
+    "otlp_safe_attributes",
+    "project_proto",
+    "project_row",
+    "project_sdk",
+    "typed_from_proto",
+    "typed_from_python",
 ]

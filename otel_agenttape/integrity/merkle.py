@@ -2,8 +2,9 @@
 
 Leaf hash ``SHA-256(0x00 || leaf)``, interior ``SHA-256(0x01 || left || right)``, the tree split at
 the largest power of two below its size. Verification follows RFC 9162 sections 2.1.3.2 and 2.1.4.2
-in the form of ``transparency-dev/merkle`` (``proof/verify.go``) and passes its test vectors: every
-hash must be 32 bytes, and every consistency proof from size 0 is rejected. A witness that trusts on first use handles size 0 before calling this.
+in the form of ``transparency-dev/merkle`` (``proof/verify.go``) and passes its test vectors: hashes
+that get hashed must be 32 bytes, and every consistency proof from size 0 is rejected (a witness that
+trusts on first use handles size 0 before calling this).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def node_hash(left: bytes, right: bytes) -> bytes:
 class CompactRange:
     """Incremental tree: append leaf hashes, read the root at any time in O(log n)."""
 
-    __slots__ = ("size", "_stack")
+    __slots__ = ("_stack", "size")
 
     def __init__(self) -> None:
         self.size = 0

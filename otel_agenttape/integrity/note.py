@@ -15,7 +15,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 ALG_ED25519 = 0x01
@@ -106,7 +109,10 @@ class Signer:
         return self.private_key.sign(message)
 
     def skey(self) -> str:
-        from cryptography.hazmat.primitives.serialization import NoEncryption, PrivateFormat
+        from cryptography.hazmat.primitives.serialization import (
+            NoEncryption,
+            PrivateFormat,
+        )
 
         seed = self.private_key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
         return f"PRIVATE+KEY+{self.name}+{self.id.hex()}+{base64.b64encode(bytes([ALG_ED25519]) + seed).decode()}"

@@ -17,7 +17,12 @@ from typing import Any
 import orjson
 
 from otel_agenttape.integrity.checkpoint import Checkpoint, CheckpointError, origin_for
-from otel_agenttape.integrity.merkle import ProofError, inclusion_proof, leaf_hash, verify_inclusion
+from otel_agenttape.integrity.merkle import (
+    ProofError,
+    inclusion_proof,
+    leaf_hash,
+    verify_inclusion,
+)
 from otel_agenttape.integrity.note import NoteError, Verifier, open_note
 
 PROOF_FORMAT = "agenttape-proof/v1"

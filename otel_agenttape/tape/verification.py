@@ -19,7 +19,13 @@ from otel_agenttape import semconv
 from otel_agenttape.integrity.checkpoint import parse_origin, read_checkpoint_file
 from otel_agenttape.integrity.leaf import leaf_bytes, project_row
 from otel_agenttape.integrity.note import Verifier
-from otel_agenttape.integrity.verify import ChainReport, Entry, SignedCheckpoint, parse_notes, verify_chain
+from otel_agenttape.integrity.verify import (
+    ChainReport,
+    Entry,
+    SignedCheckpoint,
+    parse_notes,
+    verify_chain,
+)
 
 SPAN_COLS = (
     "trace_id, span_id, parent_span_id, trace_state, name, kind, start_time_unix_nano, end_time_unix_nano, "
@@ -48,10 +54,37 @@ def _chain_filter(run: str | None) -> tuple[str, list[Any]]:
 def iter_rows(reader: Any, where: str = "chain_id IS NOT NULL", params: Sequence[Any] = (),
               batch_rows: int = 65536) -> Iterator[dict[str, Any]]:
     """Span rows (with ``events`` and ``links`` lists attached) selected by a ``spans`` filter."""
+    spans, ev_by, lk_by = _query(reader, where, params)
+    for rb in spans.to_batches(max_chunksize=batch_rows):
+        yield from _batch_rows(rb, ev_by, lk_by)
+
+
+def _batch_rows(rb: Any, ev_by: dict, lk_by: dict) -> Iterator[dict[str, Any]]:
+    no_events: list[dict[str, Any]] = []
+    cols = rb.schema.names
+    data = [rb.column(i).to_pylist() for i in range(len(cols))]
+    for vals in zip(*data):
+        r = dict(zip(cols, vals))
+        key = (r["trace_id"], r["span_id"])
+        r["events"] = ev_by.get(key, no_events) if ev_by else no_events
+        r["links"] = lk_by.get(key, no_events) if lk_by else no_events
+        yield r
+
+
+def _batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[tuple[str, int, Entry]]:
+    """Compact entries of one record batch (runs in a worker process for large tapes)."""
+    out = []
+    for row in _batch_rows(rb, ev_by, lk_by):
+        cid, ep, e = row_entry(row)
+        out.append((cid, ep, e.compact()))
+    return out
+
+
+def _query(reader: Any, where: str, params: Sequence[Any]) -> tuple[Any, dict, dict]:
     p = list(params) or None
     spans = reader.query(f"SELECT {SPAN_COLS} FROM spans WHERE {where}", p)
     if spans.num_rows == 0:
-        return
+        return spans, {}, {}
     sub = f"SELECT trace_id, span_id FROM spans WHERE {where}"
     ev_by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for e in _rows(reader.query(f"SELECT {EVENT_COLS} FROM span_events e SEMI JOIN ({sub}) s "
@@ -61,16 +94,35 @@ def iter_rows(reader: Any, where: str = "chain_id IS NOT NULL", params: Sequence
     for lk in _rows(reader.query(f"SELECT {LINK_COLS} FROM span_links l SEMI JOIN ({sub}) s "
                                  f"ON l.trace_id = s.trace_id AND l.span_id = s.span_id", p)):
         lk_by[(lk["trace_id"], lk["span_id"])].append(lk)
-    no_events: list[dict[str, Any]] = []
-    for rb in spans.to_batches(max_chunksize=batch_rows):
-        cols = rb.schema.names
-        data = [rb.column(i).to_pylist() for i in range(len(cols))]
-        for vals in zip(*data):
-            r = dict(zip(cols, vals))
-            key = (r["trace_id"], r["span_id"])
-            r["events"] = ev_by.get(key, no_events) if ev_by else no_events
-            r["links"] = lk_by.get(key, no_events) if lk_by else no_events
-            yield r
+    return spans, dict(ev_by), dict(lk_by)
+
+
+PARALLEL_MIN_ROWS = 200_000
+
+
+def iter_entries(reader: Any, where: str, params: Sequence[Any], workers: int | None = None
+                 ) -> Iterator[tuple[str, int, Entry]]:
+    """``(chain_id, epoch, compact entry)`` per sealed row; large tapes use one process per core."""
+    spans, ev_by, lk_by = _query(reader, where, params)
+    workers = workers if workers is not None else min(os.cpu_count() or 1, 4)
+    if spans.num_rows < PARALLEL_MIN_ROWS or workers < 2:
+        for rb in spans.to_batches(max_chunksize=65536):
+            yield from _batch_entries(rb, ev_by, lk_by)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    def subset(rb: Any, by: dict) -> dict:
+        if not by:
+            return {}
+        keys = zip(rb.column(0).to_pylist(), rb.column(1).to_pylist())
+        return {k: by[k] for k in keys if k in by}
+
+    batches = spans.to_batches(max_chunksize=max(20_000, spans.num_rows // (workers * 8)))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
+        futures = [pool.submit(_batch_entries, rb, subset(rb, ev_by), subset(rb, lk_by)) for rb in batches]
+        for fut in futures:
+            yield from fut.result()
 
 
 def load_rows(reader: Any, where: str = "chain_id IS NOT NULL", params: Sequence[Any] = ()) -> list[dict[str, Any]]:
@@ -100,7 +152,7 @@ def row_entry(row: dict[str, Any]) -> tuple[str, int, Entry]:
     attrs = row["attributes"]
     if isinstance(attrs, (str, bytes)):
         attrs = orjson.loads(attrs) if attrs else {}
-    row = dict(row, attributes=attrs)
+        row["attributes"] = attrs
     problem = None
     chain_id = _typed_scalar(attrs.get(semconv.CHAIN_ID))
     seq = _typed_scalar(attrs.get(semconv.CHAIN_SEQ))
@@ -146,7 +198,7 @@ def file_notes(paths: Iterable[str | os.PathLike[str]]) -> list[tuple[str, str]]
 
 
 def verify_rows(
-    rows: Iterable[dict[str, Any]],
+    rows: Iterable[dict[str, Any] | tuple[str, int, Entry]],
     checkpoints: Sequence[SignedCheckpoint] = (),
     key_pinned: bool = False,
     expect: Iterable[tuple[str, int]] = (),
@@ -154,7 +206,10 @@ def verify_rows(
     """Group sealed rows by tape and epoch and verify each group (``expect``: tapes that must exist)."""
     groups: dict[tuple[str, int], list[Entry]] = defaultdict(list)
     for row in rows:
-        chain_id, epoch, entry = row_entry(row)
+        if isinstance(row, tuple):  # already an entry (iter_entries)
+            chain_id, epoch, entry = row
+        else:
+            chain_id, epoch, entry = row_entry(row)
         groups[(chain_id, epoch)].append(entry.compact())
     for key in expect:
         groups.setdefault(key, [])
@@ -169,10 +224,11 @@ def verify_store(
     run: str | None = None,
     verifiers: Sequence[Verifier] = (),
     checkpoint_files: Sequence[str | os.PathLike[str]] = (),
+    workers: int | None = None,
 ) -> list[ChainReport]:
-    """Verify every tape in the store (or the one holding ``run``)."""
+    """Verify every tape in the store (or the one holding ``run``); ``workers``: processes for big tapes."""
     where, params = _chain_filter(run)
-    rows = iter_rows(reader, where, params)
+    rows = iter_entries(reader, where, params, workers)
     notes = store_notes(reader) + file_notes(checkpoint_files)
     checkpoints = parse_notes(notes, verifiers)
     expect: list[tuple[str, int]] = []

@@ -1,0 +1,37 @@
+"""Leaf test vectors (tests/vectors/leaf): row, OTLP JSON and chain fields give the recorded bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+import rfc8785
+
+from otel_agenttape.integrity import genesis, leaf_from_proto, leaf_from_row, link_hash
+from otel_agenttape.receiver.decode import JSON, decode_traces
+
+VECTORS = sorted((Path(__file__).parent / "vectors" / "leaf").glob("*.json"))
+
+
+def test_vectors_exist() -> None:
+    assert len(VECTORS) >= 6
+
+
+@pytest.mark.parametrize("path", VECTORS, ids=lambda p: p.stem)
+def test_leaf_vector(path: Path) -> None:
+    v = json.loads(path.read_text(encoding="utf-8"))
+    leaf = v["leaf"].encode("utf-8")
+    assert rfc8785.dumps(orjson.loads(leaf)) == leaf  # the leaf is RFC 8785 canonical
+    assert hashlib.sha256(leaf).hexdigest() == v["leaf_sha256"]
+    assert hashlib.sha256(b"\x00" + leaf).hexdigest() == v["merkle_leaf_hash"]
+    row = v["row"]
+    assert leaf_from_row(row, row["events"], row["links"]) == leaf
+    req = decode_traces(json.dumps(v["otlp_json"]).encode(), JSON)
+    (span,) = [s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert leaf_from_proto(span) == leaf
+    c = v["chain"]
+    assert genesis(c["chain_id"], c["epoch"]) == c["genesis"] == c["prev"]
+    assert link_hash(c["prev"], leaf) == c["hash"]
