@@ -6,9 +6,12 @@
     is present) with ``run.model_call(...)`` + ``call.finish(...)`` per span.
 
 Both export over OTLP/HTTP to a sink server in a separate process (its CPU is not counted). CPU is this
-process's user+system time (all threads: span creation, processors, encoding, HTTP) per exported span.
-Rounds alternate a/b; the median round is reported. Last line:
-``capture ratio=R plain_us=A agenttape_us=B``.
+process's user+system time (all threads: span creation, processors, encoding, HTTP) per agent span;
+``producer`` is the part spent in the calling thread (span building), the rest is the export thread.
+Rounds interleave a and b, alternating which goes first, so load changes on the machine hit both
+alike; each side's median round is reported. ``--split`` adds capture without sealing and sealing with a
+checkpoint at every node, to show where the sealing cost goes. Last line:
+``capture ratio=R plain_us=A agenttape_us=B`` for the default pipeline (what ``setup()`` does).
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ def template_span():
     return span.name, span.kind, dict(span.attributes)
 
 
-def bench_plain(endpoint: str, n: int, template) -> float:
+def bench_plain(endpoint: str, n: int, template) -> tuple[float, float]:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -84,25 +87,28 @@ def bench_plain(endpoint: str, n: int, template) -> float:
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint + "/v1/traces"),
                                                    max_queue_size=max(n + 1, 2048)))
     tracer = provider.get_tracer("bench")
-    t0 = time.process_time()
+    t0, p0 = time.process_time(), time.thread_time()
     with tracer.start_as_current_span("invoke_agent bench"):
         for _ in range(n):
             with tracer.start_as_current_span(name, kind=kind) as span:
                 span.set_attributes(attrs)
+    p1 = time.thread_time()
     provider.force_flush()
     cpu = time.process_time() - t0
     provider.shutdown()
-    return cpu * 1e6 / (n + 1)
+    return cpu * 1e6 / (n + 1), (p1 - p0) * 1e6 / (n + 1)
 
 
-def bench_capture(endpoint: str, n: int, seal: bool = True) -> tuple[float, dict]:
+def bench_capture(endpoint: str, n: int, seal: bool = True,
+                  seal_options: dict | None = None) -> tuple[float, float, dict]:
     import otel_agenttape
 
-    tape = otel_agenttape.setup(endpoint=endpoint, seal=seal)
-    t0 = time.process_time()
+    tape = otel_agenttape.setup(endpoint=endpoint, seal=seal, seal_options=seal_options)
+    t0, p0 = time.process_time(), time.thread_time()
     with tape.run(agent="bench") as run:
         for _ in range(n):
             capture_once(tape, run)
+    p1 = time.thread_time()
     tape.force_flush()
     cpu = time.process_time() - t0
     tape.shutdown()
@@ -110,34 +116,51 @@ def bench_capture(endpoint: str, n: int, seal: bool = True) -> tuple[float, dict
     # With sealing active, signed checkpoint spans are exported on top of the n + 1 agent spans.
     if stats["spans_exported"] < n + 1 or stats["spans_dropped_queue_full"] or stats["spans_export_failed"]:
         raise SystemExit(f"capture exported {stats['spans_exported']} of {n + 1} spans: {stats}")
-    return cpu * 1e6 / (n + 1), stats
+    return cpu * 1e6 / (n + 1), (p1 - p0) * 1e6 / (n + 1), stats
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=2000, help="spans per round")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--no-seal", action="store_true", help="measure capture without the sealing processor")
+    parser.add_argument("--split", action="store_true",
+                        help="also measure capture without sealing and with a checkpoint at every node")
     args = parser.parse_args()
     seal = not args.no_seal
+    variants: dict[str, tuple[bool, dict | None]] = {"agenttape": (seal, None)}
+    if args.split:
+        variants["unsealed"] = (False, None)
+        variants["node_checkpoints"] = (True, {"checkpoint_on_nodes": True})
     sink, endpoint = start_sink()
     try:
         template = template_span()
         size = sum(len(k) + len(str(v)) for k, v in template[2].items())
         print(f"span: {template[0]!r}, {len(template[2])} attributes, ~{size} bytes of attribute data")
-        bench_plain(endpoint, 200, template)  # warm up both paths
-        bench_capture(endpoint, 200, seal)
-        plain, ours = [], []
+        bench_plain(endpoint, 300, template)  # warm up every path
+        for on, options in variants.values():
+            bench_capture(endpoint, 300, on, options)
+        results: dict[str, list[tuple[float, float]]] = {"plain": [], **{k: [] for k in variants}}
         stats: dict = {}
+        order = ["plain", *variants]
         for i in range(args.rounds):
-            a = bench_plain(endpoint, args.spans, template)
-            b, stats = bench_capture(endpoint, args.spans, seal)
-            plain.append(a)
-            ours.append(b)
-            print(f"round {i + 1}: plain_us={a:.1f} agenttape_us={b:.1f} ratio={b / a:.3f}")
+            for key in (order if i % 2 == 0 else order[::-1]):
+                if key == "plain":
+                    results[key].append(bench_plain(endpoint, args.spans, template))
+                else:
+                    on, options = variants[key]
+                    total, producer, round_stats = bench_capture(endpoint, args.spans, on, options)
+                    results[key].append((total, producer))
+                    if key == "agenttape":
+                        stats = round_stats
+            print(f"round {i + 1}: " + " ".join(f"{k}_us={v[-1][0]:.1f}" for k, v in results.items()))
         print(f"sealing_active={stats.get('sealing_active')} drops={stats.get('spans_dropped_queue_full')} "
               f"exported_per_round={stats.get('spans_exported')} (agent spans {args.spans + 1})")
-        a, b = statistics.median(plain), statistics.median(ours)
+        medians = {k: (statistics.median(t for t, _ in v), statistics.median(p for _, p in v))
+                   for k, v in results.items()}
+        for key, (total, producer) in medians.items():
+            print(f"{key}: total_us={total:.1f} producer_us={producer:.1f} export_us={total - producer:.1f}")
+        a, b = medians["plain"][0], medians["agenttape"][0]
         print(f"capture ratio={b / a:.3f} plain_us={a:.1f} agenttape_us={b:.1f}")
     finally:
         sink.terminate()

@@ -10,7 +10,10 @@ Measured side by side on the same spans:
 - naive_parquet: one row per span flattened from OTLP the obvious way (hex ids, times, plain-JSON
   attributes/events/resource), ``pyarrow.parquet.write_table(compression="zstd")`` defaults, unsorted.
   The issue quotes about 784 B/span for this on 2.7 KB spans.
-Also: rows conversion us/span, write throughput, and dedupe by semi-join vs a PRIMARY KEY index.
+Also: rows conversion us/span, write throughput, dedupe by semi-join vs a PRIMARY KEY index, and
+``Store`` insert throughput and run lookup (``spans.run_id`` scan vs ``run_index``) with 0 and with
+``--stored`` spans already in the store (filled with small synthetic rows: the key check and the
+lookup depend on the row count, not the row size).
 
 Last line: ``store duckdb_bytes_per_span=A parquet_bytes_per_span=B naive_parquet_bytes_per_span=C``.
 """
@@ -35,7 +38,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otel_agenttape import anyvalue
 from otel_agenttape.store import rows, samples, schema
 from otel_agenttape.store.parquet import ParquetSink, export_parquet
-from otel_agenttape.store.writer import Store, locked_config
+from otel_agenttape.store.writer import RUN_LOOKUP_SQL, Store, locked_config
 
 
 def make_requests(n_spans: int, batch: int, events: bool) -> list[bytes]:
@@ -87,6 +90,61 @@ def naive_table(reqs: list[ExportTraceServiceRequest]) -> pa.Table:
     return pa.table(cols)
 
 
+def _prefill(store: Store, n: int) -> None:
+    """``n`` small spans in time order, 50 per run and 10 per trace, indexed like the writer does
+    (one run_index row per run and write of 10,000 spans)."""
+    store.con.execute(
+        "INSERT INTO spans (trace_id, span_id, name, kind, start_time_unix_nano, end_time_unix_nano, "
+        "status_code, attributes, date, run_id) SELECT md5((i // 10)::VARCHAR), substr(md5((i * 7)::VARCHAR), 1, 16), "
+        "'x', 0, i * 1000000, i * 1000000 + 5, 0, '{}', DATE '2026-01-01', 'run-' || (i // 50)::VARCHAR "
+        f"FROM range({int(n)}) t(i)")
+    store.con.execute(
+        "INSERT INTO run_index SELECT run_id, min(start_time_unix_nano), max(end_time_unix_nano), count(*), "
+        "rowid // 10000 * 10000, rowid // 10000 * 10000 + 9999, NULL, NULL, NULL, NULL "
+        "FROM spans GROUP BY run_id, rowid // 10000")
+
+
+def _lookup_ms(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> tuple[float, float]:
+    """Mean ms to fetch a run's spans: scanning ``spans.run_id`` vs ``run_index`` then a rowid range."""
+    t = time.perf_counter()
+    for r in run_ids:
+        con.execute("SELECT * FROM spans WHERE run_id = ?", [r]).fetchall()
+    scan = (time.perf_counter() - t) / len(run_ids) * 1e3
+    t = time.perf_counter()
+    for r in run_ids:
+        lo, hi = con.execute(RUN_LOOKUP_SQL, [r]).fetchall()[0][:2]
+        con.execute("SELECT * FROM spans WHERE rowid BETWEEN ? AND ? AND run_id = ?", [lo, hi, r]).fetchall()
+    indexed = (time.perf_counter() - t) / len(run_ids) * 1e3
+    return scan, indexed
+
+
+def store_at_scale(tmp: str, tables: list, stored: int) -> None:
+    """Insert throughput and run lookup with 0 and ``stored`` spans already in the store."""
+    for before in (0, stored):
+        path = os.path.join(tmp, f"scale-{before}.duckdb")
+        store = Store(path)
+        if before:
+            _prefill(store, before)
+            store.close()
+            t = time.perf_counter()
+            store = Store(path)  # reopening rebuilds the stored-key set
+            print(f"store_open_with_{before}_spans_s={time.perf_counter() - t:.2f}")
+        n = sum(tb.spans.num_rows for tb in tables)
+        t, c = time.perf_counter(), time.process_time()
+        for tb in tables:
+            store.write_tables(tb)
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        line = (f"store_insert_at_{before}_stored_spans_per_s={n / wall:.0f} "
+                f"cpu_us_per_span={cpu / n * 1e6:.1f}")
+        if before:
+            con = store.cursor()
+            scan, indexed = _lookup_ms(con, [f"run-{(i * 7919) % (before // 50)}" for i in range(20)])
+            con.close()
+            line += f" run_lookup_scan_ms={scan:.1f} run_lookup_index_ms={indexed:.1f}"
+        print(line)
+        store.close()
+
+
 def dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
@@ -97,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=2_000, help="spans per request/write")
     ap.add_argument("--events", action="store_true", help="add the agenttape text/reasoning/retry events")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    ap.add_argument("--stored", type=int, default=1_000_000, help="spans already stored for the scale check")
     args = ap.parse_args(argv)
 
     tmp = tempfile.mkdtemp(prefix="agenttape-store-bench-")
@@ -158,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             dt = time.perf_counter() - t
             con.close()
             print(f"dedupe_{label}_spans_per_s={n / dt:.0f} file_bytes_per_span={os.path.getsize(path) / n:.0f}")
+
+        store_at_scale(tmp, tables, args.stored)
 
         sink_dir = os.path.join(tmp, "sink")
         sink = ParquetSink(sink_dir, max_bytes=64 * 1024 * 1024, max_seconds=1e9)

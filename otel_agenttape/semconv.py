@@ -53,6 +53,7 @@ EVENT_INFERENCE_DETAILS = "gen_ai.client.inference.operation.details"
 RUN_ID = "agenttape.run.id"
 SESSION_ID = "agenttape.session.id"
 PARENT_RUN_ID = "agenttape.parent_run.id"
+PREVIOUS_RUN_ID = "agenttape.previous_run.id"  # the run a later turn of the same session continues
 RUN_STATUS = "agenttape.run.status"
 TURN_ID = "agenttape.turn.id"
 STEP = "agenttape.step"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from receiver_util import logs_request, span_keys, trace_request
 
 from otel_agenttape.receiver.convert import ConvertPool
 from otel_agenttape.receiver.metrics import Metrics
-from otel_agenttape.receiver.pipeline import IngestPipeline
+from otel_agenttape.receiver.pipeline import Backpressure, IngestPipeline
 from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES, WriteAheadLog
 from otel_agenttape.store.writer import Store
 
@@ -56,3 +59,57 @@ def test_unapplied_wal_records_are_replayed_at_start(tmp_path):
     assert wal2.pending_replay() == [] and list(wal2.replay()) == []
     wal2.close()
     store.close()
+
+
+class _SlowStore:
+    """A real store whose writes take a while (a writer that drains, slowly)."""
+
+    def __init__(self, inner: Store, delay: float) -> None:
+        self.inner = inner
+        self.delay = delay
+
+    def write_traces(self, reqs):
+        time.sleep(self.delay)
+        return self.inner.write_traces(reqs)
+
+    def write_logs(self, reqs):
+        return self.inner.write_logs(reqs)
+
+
+def test_full_queue_holds_a_request_while_the_writer_drains(tmp_path):
+    inner = Store(str(tmp_path / "h.duckdb"))
+    wal = WriteAheadLog(tmp_path / "wal")
+    reqs = [trace_request(4) for _ in range(3)]
+    size = len(reqs[0].SerializeToString())
+    p = IngestPipeline(_SlowStore(inner, 0.3), wal, Metrics(), max_queue_bytes=int(size * 1.5))
+    p.start()
+    p.accept(KIND_TRACES, reqs[0], reqs[0].SerializeToString(), 4)
+    assert p.wait_idle(10)  # the writer has stored something: it is draining
+    p.accept(KIND_TRACES, reqs[1], reqs[1].SerializeToString(), 4)
+    t0 = time.monotonic()
+    p.accept(KIND_TRACES, reqs[2], reqs[2].SerializeToString(), 4)  # full: held until the writer made room
+    assert time.monotonic() - t0 > 0.05
+    assert p.metrics.get("agenttape_backpressure_total") == 0
+    assert p.wait_idle(10)
+    assert _keys(inner) == set().union(*(span_keys(r) for r in reqs))
+    p.close()
+    wal.close(applied_all=True)
+    inner.close()
+
+
+def test_stalled_writer_refuses_at_once(tmp_path):
+    inner = Store(str(tmp_path / "s.duckdb"))
+    wal = WriteAheadLog(tmp_path / "wal")
+    reqs = [trace_request(4) for _ in range(2)]
+    size = len(reqs[0].SerializeToString())
+    p = IngestPipeline(_SlowStore(inner, 1.0), wal, Metrics(), max_queue_bytes=int(size * 1.5))
+    p.start()  # nothing stored yet: not draining
+    p.accept(KIND_TRACES, reqs[0], reqs[0].SerializeToString(), 4)
+    t0 = time.monotonic()
+    with pytest.raises(Backpressure):
+        p.accept(KIND_TRACES, reqs[1], reqs[1].SerializeToString(), 4)
+    assert time.monotonic() - t0 < 0.5
+    assert p.wait_idle(10)
+    p.close()
+    wal.close(applied_all=True)
+    inner.close()

@@ -101,7 +101,7 @@ def test_restored_session_continues_its_tape_with_capture(tmp_path, kind) -> Non
         attrs = second["attributes"]
         assert attrs[semconv.SESSION_ID] == "chat-1"
         assert attrs[semconv.GEN_AI_AGENT_NAME] == "planner"
-        assert attrs[semconv.PARENT_RUN_ID] == first_run.run_id
+        assert attrs[semconv.PREVIOUS_RUN_ID] == first_run.run_id
         assert second["run_id"] != first_run.run_id
         assert second["links"] == [[format(first_span.context.trace_id, "032x"),
                                     format(first_span.context.span_id, "016x")]]
@@ -109,7 +109,7 @@ def test_restored_session_continues_its_tape_with_capture(tmp_path, kind) -> Non
         restored = store.load("chat-1")
         assert restored.version == 2 and restored.memory == {"turns": 2}
         assert [e["content"] for e in restored.events] == ["weather today?", "and tomorrow?"]
-        assert restored.tape_context().parent_run_id == second["run_id"]
+        assert restored.tape_context().previous_run_id == second["run_id"]
         assert restored.tape.traceparent.startswith(f"00-{second['trace_id']}-{second['span_id']}-")
     finally:
         if table_cleanup is not None:

@@ -69,7 +69,7 @@ def test_compact_replaces_events_and_counts_them() -> None:
 
 def test_tape_context_of_a_fresh_session_has_no_parent() -> None:
     ctx = SessionSnapshot(session_id="new", agent="a").tape_context()
-    assert (ctx.session_id, ctx.agent, ctx.parent_run_id, ctx.traceparent) == ("new", "a", None, None)
+    assert (ctx.session_id, ctx.agent, ctx.previous_run_id, ctx.traceparent) == ("new", "a", None, None)
     assert ctx.link() is None and ctx.otel_context() is None and ctx.carrier() == {}
     assert ctx.run_kwargs() == {"agent": "a", "session_id": "new"}
 
@@ -104,7 +104,7 @@ def test_position_from_a_real_sdk_span_and_continuation_objects() -> None:
     assert snap.tape.traceparent == f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"
 
     ctx = snap.tape_context()
-    assert ctx.parent_run_id == "run-1"
+    assert ctx.previous_run_id == "run-1"
     link = ctx.link()
     assert (link.context.trace_id, link.context.span_id) == (sc.trace_id, sc.span_id)
     assert link.attributes[semconv.RUN_ID] == "run-1"
@@ -120,9 +120,9 @@ def test_position_from_a_real_sdk_span_and_continuation_objects() -> None:
     extracted = propagate.extract(carrier)
     assert baggage.get_baggage(semconv.RUN_ID, extracted) == "run-1"
     assert baggage.get_baggage(semconv.SESSION_ID, extracted) == "s"
-    assert ctx.run_kwargs() == {"agent": "planner", "session_id": "s", "parent": carrier}
+    assert ctx.run_kwargs() == {"agent": "planner", "session_id": "s", "follows": carrier}
     assert ctx.run_attributes() == {
         semconv.SESSION_ID: "s",
-        semconv.PARENT_RUN_ID: "run-1",
+        semconv.PREVIOUS_RUN_ID: "run-1",
         semconv.GEN_AI_AGENT_NAME: "planner",
     }

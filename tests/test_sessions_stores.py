@@ -85,7 +85,7 @@ def test_save_then_load_in_a_new_store_object(make_store) -> None:
     restored = make_store().load("s-1")  # as after a restart
     assert restored == snap
     assert restored.memory == {"facts": ["a", "ü✓"], "count": 1}
-    assert restored.tape_context().parent_run_id == "run-1"
+    assert restored.tape_context().previous_run_id == "run-1"
     assert restored.tape_context().traceparent == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 

@@ -67,7 +67,7 @@ def test_a_restored_session_continues_its_tape_in_a_new_process(tmp_path, kind) 
     tracer = provider.get_tracer("agent")
     snap = SessionSnapshot(session_id="chat-1", agent="planner", memory={"turns": 0})
     first_attrs = {**snap.tape_context().run_attributes(), semconv.RUN_ID: "run-1"}
-    assert semconv.PARENT_RUN_ID not in first_attrs
+    assert semconv.PREVIOUS_RUN_ID not in first_attrs
     with tracer.start_as_current_span("invoke_agent planner", attributes=first_attrs):
         snap.memory["turns"] += 1
         snap.append_event({"type": "user", "text": "weather today?"})
@@ -85,7 +85,7 @@ def test_a_restored_session_continues_its_tape_in_a_new_process(tmp_path, kind) 
     first_trace = format(first.context.trace_id, "032x")
     first_span = format(first.context.span_id, "016x")
     assert second["attributes"][semconv.SESSION_ID] == "chat-1"
-    assert second["attributes"][semconv.PARENT_RUN_ID] == "run-1"
+    assert second["attributes"][semconv.PREVIOUS_RUN_ID] == "run-1"
     assert second["attributes"][semconv.GEN_AI_AGENT_NAME] == "planner"
     assert second["links"] == [[first_trace, first_span, {semconv.RUN_ID: "run-1"}]]
     assert second["span_id"] != first_span

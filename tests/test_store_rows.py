@@ -165,3 +165,18 @@ def test_logs_rows():
     again = rows.logs_to_tables([_logs_request(), _logs_request()])
     assert again.log_records.num_rows == 2 and again.in_batch_duplicates == 2
     assert again.log_records.column("log_id").to_pylist() == [first["log_id"], second["log_id"]]
+
+
+def test_concat_keeps_each_span_log_and_resource_once():
+    reqs = samples.genai_requests(n_runs=2)
+    a = rows.traces_to_tables(reqs[:1])
+    b = rows.traces_to_tables(reqs)  # run 0 again, plus run 1
+    merged = rows.concat([a, b])
+    keys = list(zip(merged.spans.column("trace_id").to_pylist(), merged.spans.column("span_id").to_pylist()))
+    assert len(keys) == len(set(keys)) == a.spans.num_rows + rows.traces_to_tables(reqs[1:]).spans.num_rows
+    assert merged.in_batch_duplicates == a.spans.num_rows
+    assert merged.span_events.num_rows == rows.traces_to_tables(reqs).span_events.num_rows
+    assert merged.resources.num_rows == 1
+    logs = rows.logs_to_tables([_logs_request()])
+    both = rows.concat([logs, logs])
+    assert both.log_records.num_rows == logs.log_records.num_rows and both.in_batch_duplicates == logs.log_records.num_rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import duckdb
+import numpy as np
 import orjson
 
 from otel_agenttape import anyvalue
@@ -95,3 +96,59 @@ def test_failed_write_rolls_back(tmp_path):
         pass
     assert store.reader().query("SELECT count(*) FROM spans").column(0)[0].as_py() == 4
     store.close()
+
+
+def test_run_index_rowid_ranges_find_every_span_and_event(tmp_path):
+    db = str(tmp_path / "ri.duckdb")
+    reqs = samples.genai_requests(n_runs=4)
+    with Store(db) as store:
+        store.write_traces(reqs[:1])
+        store.write_traces(reqs[1:3] + reqs[:1])  # a re-sent run adds no rows and no index entry
+        store.write_traces(reqs[3:])
+        con = store.cursor()
+        run_ids = [r[0] for r in con.execute("SELECT DISTINCT run_id FROM spans WHERE run_id IS NOT NULL").fetchall()]
+        assert len(run_ids) == 4
+        for run_id in run_ids:
+            b = store.run_bounds(run_id)
+            full = con.execute("SELECT trace_id, span_id FROM spans WHERE run_id = ? ORDER BY ALL", [run_id]).fetchall()
+            ranged = con.execute(
+                "SELECT trace_id, span_id FROM spans WHERE rowid BETWEEN ? AND ? AND run_id = ? ORDER BY ALL",
+                [b["first_span_row"], b["last_span_row"], run_id]).fetchall()
+            assert ranged == full and b["spans"] == len(full)
+            traces = sorted({t for t, _ in full})
+            events = con.execute(
+                "SELECT count(*) FROM span_events e JOIN spans s USING (trace_id, span_id) WHERE s.run_id = ?",
+                [run_id]).fetchall()[0][0]
+            ranged_events = con.execute(
+                "SELECT count(*) FROM span_events e JOIN spans s USING (trace_id, span_id) "
+                "WHERE e.rowid BETWEEN ? AND ? AND s.run_id = ? AND e.trace_id IN (SELECT unnest(?::VARCHAR[]))",
+                [b["first_event_row"], b["last_event_row"], run_id, traces]).fetchall()[0][0]
+            assert events > 0 and ranged_events == events
+        assert store.run_bounds("no-such-run") is None
+        con.close()
+    # reopened, the row counters continue where the table ends
+    with Store(db) as store:
+        store.write_traces(samples.genai_requests(n_runs=1, seed=99))
+        con = store.cursor()
+        run_id = con.execute("SELECT run_id FROM spans WHERE run_id IS NOT NULL ORDER BY rowid DESC LIMIT 1").fetchall()[0][0]
+        b = store.run_bounds(run_id)
+        n = con.execute("SELECT count(*) FROM spans WHERE rowid BETWEEN ? AND ? AND run_id = ?",
+                        [b["first_span_row"], b["last_span_row"], run_id]).fetchall()[0][0]
+        assert n == b["spans"] > 0
+        con.close()
+
+
+def test_stored_key_set_survives_reopen_and_false_positives_stay_exact(tmp_path, monkeypatch):
+    db = str(tmp_path / "k.duckdb")
+    reqs = samples.genai_requests(n_runs=3)
+    with Store(db) as store:
+        assert store.write_traces(reqs[:2]).spans_stored == 8
+    with Store(db) as store:  # the key set is rebuilt from the table
+        assert store._span_keys.count == 8
+        again = store.write_traces(reqs[:1])
+        assert again.spans_stored == 0 and again.duplicates == 4
+        # a key set that answers "maybe" for every key: the exact check still stores new spans
+        monkeypatch.setattr(type(store._span_keys), "maybe_stored", lambda self, h: np.ones(len(h), dtype=bool))
+        res = store.write_traces(reqs[1:])
+        assert res.spans_stored == 4 and res.duplicates == 4
+        assert store.reader().query("SELECT count(*) FROM spans").column(0)[0].as_py() == 12

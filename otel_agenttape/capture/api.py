@@ -68,6 +68,7 @@ class Run:
     def __init__(self, listener: CaptureListener, agent: str | None = None, *, run_id: str | None = None,
                  session_id: str | None = None, turn_id: str | None = "1", input: Any = None,
                  parent: "Run | RemoteParent | Mapping[str, str] | None" = None, same_trace: bool = False,
+                 follows: "Mapping[str, str] | None" = None,
                  model: str | None = None, attributes: Mapping[str, Any] | None = None) -> None:
         self.listener = listener
         self.agent = agent
@@ -78,6 +79,7 @@ class Run:
         self.output: Any = None
         self.parent = parent
         self.same_trace = same_trace
+        self.follows = follows  # the previous run of the same session (a carrier), not a parent
         self.model = model
         self.attributes = dict(attributes or {})
         self.parent_run_id: str | None = None
@@ -88,6 +90,7 @@ class Run:
         self._lock = threading.Lock()
         self._scope = _Scope()
         self._run_token: contextvars.Token | None = None
+        self._open_nodes: set[Any] = set()  # spans of this run's nodes still open
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "Run":
@@ -106,6 +109,15 @@ class Run:
 
     def _parent_context(self) -> tuple[Context, list[Link]]:
         parent = self.parent
+        if parent is None and self.follows:
+            # A later turn of a session: its own root, linked to the run it continues.
+            prev = extract_context(self.follows)
+            if self.session_id is None:
+                self.session_id = prev.session_id
+            if prev.run_id:
+                self.attributes.setdefault(sc.PREVIOUS_RUN_ID, prev.run_id)
+            links = [Link(prev.span_context, {sc.PREVIOUS_RUN_ID: prev.run_id or ""})] if prev.span_context else []
+            return Context(), links
         if parent is None:
             outer = _current_run.get()
             if outer is not None:
@@ -199,6 +211,44 @@ class Run:
         """Trace context + run ids for a child run in another process (HTTP headers, env vars)."""
         return inject_context(carrier, run=self)
 
+    def _node_parent(self) -> Context | None:
+        """The context a new node of this run starts in.
+
+        Inside this run's own context (the thread or task that entered it, or one that copied its
+        context) the current span is kept, so a node nested in another node parents to it. Anywhere
+        else (a pool thread, a task created before the run, a context left over from another run) the
+        node goes straight under the run span, in the run's trace.
+        """
+        span = self.span
+        if span is None:
+            return None
+        if _current_run.get() is self:
+            return otel_context.get_current()
+        # Only the OTel context was carried over: keep it when its span is this run's (the run span,
+        # an open node of the run, or a span started directly under one of them).
+        current = trace.get_current_span()
+        if current is span:
+            return otel_context.get_current()
+        ctx = current.get_span_context()
+        own = span.get_span_context()
+        if ctx.is_valid and ctx.trace_id == own.trace_id:
+            attrs = getattr(current, "attributes", None) or {}
+            if attrs.get(sc.RUN_ID, self.run_id) != self.run_id:
+                return trace.set_span_in_context(span)  # another run's span (a child run)
+            parent = getattr(current, "parent", None)
+            if current in self._open_nodes or (parent is not None and (
+                    parent.span_id == own.span_id
+                    or any(n.get_span_context().span_id == parent.span_id for n in list(self._open_nodes)))):
+                return otel_context.get_current()
+        return trace.set_span_in_context(span)
+
+    def _node_opened(self, span: Any) -> None:
+        if span is not None:
+            self._open_nodes.add(span)
+
+    def _node_closed(self, span: Any) -> None:
+        self._open_nodes.discard(span)
+
     def _event(self, kind: EventType, step: int | None, turn_id: str | None, **fields: Any) -> AgentEvent:
         return AgentEvent(kind, self.run_id, self.session_id, turn_id if turn_id is not None else self.turn_id,
                           step, agent=self.agent, **fields)
@@ -245,7 +295,8 @@ class ModelCall:
         try:
             event = self.run._event(EventType.MODEL_REQUEST, self.step, self.turn_id, payload=payload,
                                     model=self.model, provider=self.provider, attributes=self.attributes)
-            self.span = self.run.listener.dispatch(event, context=otel_context.get_current())
+            self.span = self.run.listener.dispatch(event, context=self.run._node_parent())
+            self.run._node_opened(self.span)
             self._scope.enter(self.span)
         except Exception:
             self.run.listener.stats.incr("api_errors")
@@ -274,10 +325,12 @@ class ModelCall:
         and/or explicit values that take precedence."""
         if text:
             self._texts.append(text)
-        details = {"tool_calls": tool_calls, "finish_reason": finish_reason, "response_model": response_model,
-                   "response_id": response_id}
-        details = {k: v for k, v in details.items() if v is not None}
-        self._send(EventType.MODEL_RESPONSE, text=text, payload=raw, usage=usage, details=details or None)
+        details = None
+        if tool_calls is not None or finish_reason is not None or response_model is not None or response_id is not None:
+            details = {"tool_calls": tool_calls, "finish_reason": finish_reason, "response_model": response_model,
+                       "response_id": response_id}
+            details = {k: v for k, v in details.items() if v is not None}
+        self._send(EventType.MODEL_RESPONSE, text=text, payload=raw, usage=usage, details=details)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         if exc is not None:
@@ -286,6 +339,7 @@ class ModelCall:
             self._send(EventType.STEP_END, error=self.error)
         except Exception:
             self.run.listener.stats.incr("api_errors")
+        self.run._node_closed(self.span)
         self._scope.exit()
         return False
 
@@ -328,7 +382,8 @@ class ToolCall:
         try:
             event = self.run._event(EventType.TOOL_CALL, self.step, self.turn_id, payload=self.arguments,
                                     tool_name=self.name, call_id=self.call_id, attributes=self.attributes)
-            self.span = self.run.listener.dispatch(event, context=otel_context.get_current(), pair=self._pair)
+            self.span = self.run.listener.dispatch(event, context=self.run._node_parent(), pair=self._pair)
+            self.run._node_opened(self.span)
             self._scope.enter(self.span)
         except Exception:
             self.run.listener.stats.incr("api_errors")
@@ -343,6 +398,7 @@ class ToolCall:
             self.run.listener.dispatch(event, pair=self._pair)
         except Exception:
             self.run.listener.stats.incr("api_errors")
+        self.run._node_closed(self.span)
         self._scope.exit()
         return False
 

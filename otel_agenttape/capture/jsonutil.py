@@ -8,11 +8,12 @@ from typing import Any
 import orjson
 
 _OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+_PLAIN = frozenset({str, int, float, bool, dict, list, tuple})
 
 
 def to_plain(value: Any) -> Any:
     """Turn provider SDK objects (pydantic, dataclasses, protobuf-ish) into dicts/lists."""
-    if value is None or isinstance(value, (str, int, float, bool, dict, list, tuple)):
+    if value is None or type(value) in _PLAIN or isinstance(value, (str, int, float, bool, dict, list, tuple)):
         return value
     for attr in ("model_dump", "to_dict", "dict"):
         method = getattr(value, attr, None)
@@ -48,7 +49,11 @@ def _default(value: Any) -> Any:
 
 def dumps(value: Any) -> str:
     """Compact JSON text for any value; never raises for odd objects (falls back to repr)."""
-    return orjson.dumps(value, default=_default, option=_OPTS).decode("utf-8")
+    try:
+        # Plain JSON data (the common case) needs no default hook or key coercion.
+        return orjson.dumps(value).decode("utf-8")
+    except TypeError:
+        return orjson.dumps(value, default=_default, option=_OPTS).decode("utf-8")
 
 
 def payload_text(value: Any) -> str:

@@ -23,6 +23,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from otel_agenttape import semconv as sc
 from otel_agenttape.capture.events import AgentEvent, EventType
+from otel_agenttape.capture.fastspan import BareStart, set_valid_attributes
 from otel_agenttape.capture.jsonutil import dumps, payload_text, to_plain
 from otel_agenttape.capture.messages import (
     convert_messages,
@@ -66,7 +67,7 @@ def _hex_ids(span: Any) -> tuple[str | None, str | None]:
     return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
 
 
-@dataclass
+@dataclass(slots=True)
 class _RunState:
     run_id: str
     span: Any
@@ -76,7 +77,7 @@ class _RunState:
     error: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class _ModelNode:
     record: NodeRecord
     span: Any
@@ -93,7 +94,7 @@ class _ModelNode:
     truncated: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class _ToolNode:
     record: NodeRecord
     span: Any
@@ -121,6 +122,7 @@ class CaptureListener:
         self.redactor = redactor
         self.sinks: list[NodeSink] = list(sinks)
         self.max_payload_chars = max_payload_chars
+        self._bare = BareStart(tracer)
         self._lock = threading.RLock()
         self._runs: dict[str, _RunState] = {}
         self._models: dict[str, _ModelNode] = {}
@@ -164,28 +166,8 @@ class CaptureListener:
 
     # ---- dispatch --------------------------------------------------------------------------
     def _handle(self, e: AgentEvent, context: Context | None, links: Sequence[Link], pair: str | None) -> Any:
-        t = e.type if isinstance(e.type, EventType) else EventType(str(e.type))
-        if t is EventType.RUN_START:
-            return self._run_start(e, context, links)
-        if t is EventType.RUN_END:
-            self._run_end(e)
-        elif t is EventType.MODEL_REQUEST:
-            return self._model_request(e, context)
-        elif t is EventType.MODEL_RESPONSE:
-            self._model_response(e)
-        elif t is EventType.MODEL_REASONING:
-            self._model_reasoning(e)
-        elif t is EventType.MODEL_RETRY:
-            self._model_retry(e)
-        elif t is EventType.STEP_END:
-            self._step_end(e)
-        elif t is EventType.TOOL_CALL:
-            return self._tool_call(e, context, pair)
-        elif t is EventType.TOOL_RESULT:
-            self._tool_result(e, pair)
-        elif t is EventType.METADATA:
-            self._metadata(e)
-        return None
+        t = e.type if type(e.type) is EventType else EventType(str(e.type))
+        return _HANDLERS[t](self, e, context, links, pair)
 
     # ---- span helpers ----------------------------------------------------------------------
     def _parent(self, run_id: str, context: Context | None) -> Context | None:
@@ -197,45 +179,44 @@ class CaptureListener:
         return None
 
     def _start_span(self, name: str, kind: SpanKind, attrs: dict[str, Any], time_ns: int,
-                    context: Context | None, links: Sequence[Link] = ()) -> Any:
+                    context: Context | None, links: Sequence[Link] = (), *, bare: bool = False) -> Any:
+        """Start a span. ``bare``: the attributes are all capture's own and the span is a node under a
+        live run span (whose start already told the sealing processor the run), so they may be set right
+        after the start when nothing reads them at start (fastspan.BareStart)."""
         if self.tracer is None:
             return None
-        clean = {k: v for k, v in attrs.items() if v is not None}
-        return self.tracer.start_span(name, context=context, kind=kind, attributes=clean,
+        if bare and not links and self._bare.ok():
+            span = self.tracer.start_span(name, context=context, kind=kind, start_time=time_ns)
+            set_valid_attributes(span, attrs)
+            return span
+        return self.tracer.start_span(name, context=context, kind=kind, attributes=attrs,
                                       links=list(links) or None, start_time=time_ns)
 
-    def _content(self, span: Any, key: str, value: Any, truncated: list[str],
-                 into: dict[str, Any] | None = None) -> None:
-        """Set a content attribute (or add it to ``into``): redacted first, then cut with length +
-        sha256 when too long."""
-        if span is None or value is None:
+    def _content(self, key: str, value: Any, truncated: list[str], into: dict[str, Any]) -> None:
+        """Add a content attribute to ``into``: redacted first, then cut with length + sha256 when
+        too long."""
+        if value is None:
             return
-        text = value if isinstance(value, str) else payload_text(value)
+        text = value if type(value) is str else payload_text(value)
         if self.redactor is not None:
             text = self.redactor(text)
         limit = self.max_payload_chars
         if limit is not None and len(text) > limit:
             data = text.encode("utf-8")
-            marks = {key + sc.PAYLOAD_LENGTH_SUFFIX: len(data),
-                     key + sc.PAYLOAD_SHA256_SUFFIX: hashlib.sha256(data).hexdigest()}
-            if into is None:
-                span.set_attributes(marks)
-            else:
-                into.update(marks)
+            into[key + sc.PAYLOAD_LENGTH_SUFFIX] = len(data)
+            into[key + sc.PAYLOAD_SHA256_SUFFIX] = hashlib.sha256(data).hexdigest()
             text = text[:limit]
             truncated.append(key)
             self.stats.incr("payloads_truncated")
-        if into is None:
-            span.set_attribute(key, text)
-        else:
-            into[key] = text
+        into[key] = text
 
     def _segment(self, text: str) -> str:
         return self.redactor(text) if self.redactor is not None and text else text
 
     def _emit_record(self, record: NodeRecord) -> None:
-        self.stats.incr("nodes_captured")
-        self.stats.incr("model_nodes" if record.node_type == MODEL else "tool_nodes")
+        stats = self.stats
+        stats.incr("nodes_captured")
+        stats.incr("model_nodes" if record.node_type == MODEL else "tool_nodes")
         for sink in self.sinks:
             try:
                 sink.write(record)
@@ -263,13 +244,14 @@ class CaptureListener:
         }
         if e.attributes:
             attrs.update(e.attributes)
+        attrs = _without_none(attrs)
         name = f"{sc.OP_INVOKE_AGENT} {agent}" if agent else sc.OP_INVOKE_AGENT
         parent = context
         if parent is None and e.parent_run_id and e.parent_run_id in self._runs:
             parent = trace.set_span_in_context(self._runs[e.parent_run_id].span)
+        if self.tracer is not None and e.payload is not None:
+            self._content(sc.GEN_AI_INPUT_MESSAGES, dumps(_as_messages(e.payload, "user")), [], attrs)
         span = self._start_span(name, SpanKind.INTERNAL, attrs, e.time_ns, parent, links)
-        if span is not None and e.payload is not None:
-            self._content(span, sc.GEN_AI_INPUT_MESSAGES, dumps(_as_messages(e.payload, "user")), [])
         self._runs[e.run_id] = _RunState(e.run_id, span, agent, e.session_id)
         return span
 
@@ -291,14 +273,16 @@ class CaptureListener:
         span = run.span
         if span is None:
             return
-        if e.payload is not None:
-            self._content(span, sc.GEN_AI_OUTPUT_MESSAGES, dumps(_as_messages(e.payload, "assistant")), [])
         if e.attributes:
             span.set_attributes(dict(e.attributes))
-        span.set_attribute(sc.RUN_STATUS, status)
+        done: dict[str, Any] = {}
+        if e.payload is not None:
+            self._content(sc.GEN_AI_OUTPUT_MESSAGES, dumps(_as_messages(e.payload, "assistant")), [], done)
+        done[sc.RUN_STATUS] = str(status)
         if status == sc.STATUS_ERROR:
             span.set_status(Status(StatusCode.ERROR, e.error or None))
-            span.set_attribute(sc.ERROR_TYPE, _error_type(e.error))
+            done[sc.ERROR_TYPE] = _error_type(e.error)
+        set_valid_attributes(span, done)
         span.end(end_time=e.time_ns)
 
     # ---- model nodes -----------------------------------------------------------------------
@@ -318,7 +302,7 @@ class CaptureListener:
         messages: Any = prompt
         system = tools = None
         params: dict[str, Any] = {}
-        if isinstance(prompt, Mapping) and ("messages" in prompt or "model" in prompt or "contents" in prompt):
+        if (type(prompt) is dict or isinstance(prompt, Mapping)) and ("messages" in prompt or "model" in prompt or "contents" in prompt):
             model = model or prompt.get("model")
             provider = provider or prompt.get("provider")
             messages = prompt.get("messages", prompt.get("contents", prompt.get("input")))
@@ -326,35 +310,39 @@ class CaptureListener:
             tools = prompt.get("tools")
             params = {k: prompt[k] for k in _REQUEST_PARAMS if k in prompt}
         record.model_id = model
-        attrs: dict[str, Any] = {
-            sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT,
-            sc.GEN_AI_PROVIDER_NAME: provider,
-            sc.GEN_AI_REQUEST_MODEL: model,
-            sc.GEN_AI_AGENT_NAME: run.agent if run else e.agent,
-            sc.RUN_ID: e.run_id,
-            sc.SESSION_ID: record.session_id,
-            sc.TURN_ID: e.turn_id,
-            sc.STEP: e.step,
-            sc.NODE_TYPE: MODEL,
-            sc.NODE_ID: record.node_id,
-            sc.RECORD_ID: record.record_id,
-        }
-        for k, v in params.items():
-            if isinstance(v, (bool, int, float, str)):
-                attrs[_REQUEST_PARAMS[k]] = v
-        if e.attributes:
-            attrs.update(e.attributes)
-        name = f"{sc.OP_CHAT} {model}" if model else sc.OP_CHAT
-        span = self._start_span(name, SpanKind.CLIENT, attrs, e.time_ns, self._parent(e.run_id, context))
-        node = _ModelNode(record, span, provider=provider)
-        if span is not None:
+        node = _ModelNode(record, None, provider=provider)
+        if self.tracer is not None:
+            attrs: dict[str, Any] = {
+                sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT,
+                sc.GEN_AI_PROVIDER_NAME: provider,
+                sc.GEN_AI_REQUEST_MODEL: model,
+                sc.GEN_AI_AGENT_NAME: run.agent if run else e.agent,
+                sc.RUN_ID: e.run_id,
+                sc.SESSION_ID: record.session_id,
+                sc.TURN_ID: e.turn_id,
+                sc.STEP: e.step,
+                sc.NODE_TYPE: MODEL,
+                sc.NODE_ID: record.node_id,
+                sc.RECORD_ID: record.record_id,
+            }
+            for k, v in params.items():
+                if isinstance(v, (bool, int, float, str)):
+                    attrs[_REQUEST_PARAMS[k]] = v
+            if e.attributes:
+                attrs.update(e.attributes)
+            attrs = _without_none(attrs)
+            # Content goes in with the start attributes: one validation pass, no extra span lock.
             if messages is not None:
-                self._content(span, sc.GEN_AI_INPUT_MESSAGES, dumps(convert_messages(messages)), node.truncated)
+                self._content(sc.GEN_AI_INPUT_MESSAGES, dumps(convert_messages(messages)), node.truncated, attrs)
             if system:
-                self._content(span, sc.GEN_AI_SYSTEM_INSTRUCTIONS, dumps(system_instructions(system)),
-                              node.truncated)
+                self._content(sc.GEN_AI_SYSTEM_INSTRUCTIONS, dumps(system_instructions(system)), node.truncated,
+                              attrs)
             if tools:
-                self._content(span, sc.GEN_AI_TOOL_DEFINITIONS, dumps(tool_definitions(tools)), node.truncated)
+                self._content(sc.GEN_AI_TOOL_DEFINITIONS, dumps(tool_definitions(tools)), node.truncated, attrs)
+            name = f"{sc.OP_CHAT} {model}" if model else sc.OP_CHAT
+            bare = not e.attributes and run is not None and run.span is not None
+            node.span = self._start_span(name, SpanKind.CLIENT, attrs, e.time_ns, self._parent(e.run_id, context),
+                                         bare=bare)
         self._models[key] = node
         return node
 
@@ -480,21 +468,22 @@ class CaptureListener:
         rec.error = error
         span = node.span
         if span is not None:
-            rec.trace_id, rec.span_id = _hex_ids(span)
-            done: dict[str, Any] = {sc.GEN_AI_RESPONSE_MODEL: node.response_model or rec.model_id or ""}
+            if self.sinks:
+                rec.trace_id, rec.span_id = _hex_ids(span)
+            done: dict[str, Any] = {sc.GEN_AI_RESPONSE_MODEL: _text(node.response_model or rec.model_id or "")}
             if node.response_id:
-                done[sc.GEN_AI_RESPONSE_ID] = node.response_id
+                done[sc.GEN_AI_RESPONSE_ID] = _text(node.response_id)
             finish = node.finish_reason or ("error" if error else None)
             if node.responses or error is None:
                 out = output_messages(rec.output_text, rec.reasoning_text, node.tool_calls, finish)
-                self._content(span, sc.GEN_AI_OUTPUT_MESSAGES, dumps(out), node.truncated, done)
-                done[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [out[0]["finish_reason"]]
+                self._content(sc.GEN_AI_OUTPUT_MESSAGES, dumps(out), node.truncated, done)
+                done[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(out[0]["finish_reason"]),)
             if rec.outputs is not None:
-                self._content(span, sc.MODEL_RAW_OUTPUT, payload_text(rec.outputs), node.truncated, done)
+                self._content(sc.MODEL_RAW_OUTPUT, payload_text(rec.outputs), node.truncated, done)
             if rec.output_text:
-                self._content(span, sc.MODEL_OUTPUT_TEXT, rec.output_text, node.truncated, done)
+                self._content(sc.MODEL_OUTPUT_TEXT, rec.output_text, node.truncated, done)
             if rec.reasoning_text:
-                self._content(span, sc.MODEL_REASONING, rec.reasoning_text, node.truncated, done)
+                self._content(sc.MODEL_REASONING, rec.reasoning_text, node.truncated, done)
             done[sc.MODEL_RETRY_COUNT] = rec.retry_count
             u = node.usage
             for attr, value in ((sc.GEN_AI_USAGE_INPUT_TOKENS, u.input_tokens),
@@ -505,11 +494,11 @@ class CaptureListener:
                 if value != ABSENT:
                     done[attr] = value
             if node.truncated:
-                done[sc.TRUNCATED] = list(node.truncated)
+                done[sc.TRUNCATED] = tuple(node.truncated)
             if error:
                 span.set_status(Status(StatusCode.ERROR, error))
                 done[sc.ERROR_TYPE] = _error_type(error)
-            span.set_attributes(done)
+            set_valid_attributes(span, done)
             span.end(end_time=time_ns)
         self._emit_record(rec)
 
@@ -534,6 +523,9 @@ class CaptureListener:
             tool_name=e.tool_name, call_id=e.call_id, inputs=arguments if with_input else None,
             started_at_ms=_ms(e.time_ns),
         )
+        node = _ToolNode(record, None, key)
+        if self.tracer is None:
+            return node
         attrs: dict[str, Any] = {
             sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
             sc.GEN_AI_TOOL_NAME: e.tool_name,
@@ -550,11 +542,13 @@ class CaptureListener:
         }
         if e.attributes:
             attrs.update(e.attributes)
-        name = f"{sc.OP_EXECUTE_TOOL} {e.tool_name}" if e.tool_name else sc.OP_EXECUTE_TOOL
-        span = self._start_span(name, SpanKind.INTERNAL, attrs, e.time_ns, self._parent(e.run_id, context))
-        node = _ToolNode(record, span, key)
+        attrs = _without_none(attrs)
         if with_input and arguments is not None:
-            self._content(span, sc.GEN_AI_TOOL_CALL_ARGUMENTS, payload_text(to_plain(arguments)), node.truncated)
+            self._content(sc.GEN_AI_TOOL_CALL_ARGUMENTS, payload_text(to_plain(arguments)), node.truncated, attrs)
+        name = f"{sc.OP_EXECUTE_TOOL} {e.tool_name}" if e.tool_name else sc.OP_EXECUTE_TOOL
+        bare = not e.attributes and run is not None and run.span is not None
+        node.span = self._start_span(name, SpanKind.INTERNAL, attrs, e.time_ns, self._parent(e.run_id, context),
+                                     bare=bare)
         return node
 
     def _pop_tool(self, e: AgentEvent, pair: str | None = None) -> _ToolNode | None:
@@ -597,23 +591,49 @@ class CaptureListener:
         rec.error = error
         span = node.span
         if span is not None:
-            rec.trace_id, rec.span_id = _hex_ids(span)
+            if self.sinks:
+                rec.trace_id, rec.span_id = _hex_ids(span)
             attrs = getattr(span, "attributes", None) or {}
+            done: dict[str, Any] = {}
             if rec.tool_name and e.tool_name and not attrs.get(sc.GEN_AI_TOOL_NAME):
-                span.set_attribute(sc.GEN_AI_TOOL_NAME, rec.tool_name)
+                done[sc.GEN_AI_TOOL_NAME] = _text(rec.tool_name)
                 span.update_name(f"{sc.OP_EXECUTE_TOOL} {rec.tool_name}")
             if rec.call_id and not attrs.get(sc.GEN_AI_TOOL_CALL_ID):
-                span.set_attribute(sc.GEN_AI_TOOL_CALL_ID, rec.call_id)
+                done[sc.GEN_AI_TOOL_CALL_ID] = _text(rec.call_id)
             if error:
-                self._content(span, sc.TOOL_ERROR, error, node.truncated)
+                self._content(sc.TOOL_ERROR, error, node.truncated, done)
                 span.set_status(Status(StatusCode.ERROR, error))
-                span.set_attribute(sc.ERROR_TYPE, _error_type(error))
+                done[sc.ERROR_TYPE] = _error_type(error)
             elif result is not None:
-                self._content(span, sc.GEN_AI_TOOL_CALL_RESULT, payload_text(rec.outputs), node.truncated)
+                self._content(sc.GEN_AI_TOOL_CALL_RESULT, payload_text(rec.outputs), node.truncated, done)
             if node.truncated:
-                span.set_attribute(sc.TRUNCATED, list(node.truncated))
+                done[sc.TRUNCATED] = tuple(node.truncated)
+            if done:
+                set_valid_attributes(span, done)
             span.end(end_time=e.time_ns)
         self._emit_record(rec)
+
+
+_HANDLERS: dict[EventType, Any] = {
+    EventType.RUN_START: lambda self, e, context, links, pair: self._run_start(e, context, links),
+    EventType.RUN_END: lambda self, e, context, links, pair: self._run_end(e),
+    EventType.MODEL_REQUEST: lambda self, e, context, links, pair: self._model_request(e, context),
+    EventType.MODEL_RESPONSE: lambda self, e, context, links, pair: self._model_response(e),
+    EventType.MODEL_REASONING: lambda self, e, context, links, pair: self._model_reasoning(e),
+    EventType.MODEL_RETRY: lambda self, e, context, links, pair: self._model_retry(e),
+    EventType.STEP_END: lambda self, e, context, links, pair: self._step_end(e),
+    EventType.TOOL_CALL: lambda self, e, context, links, pair: self._tool_call(e, context, pair),
+    EventType.TOOL_RESULT: lambda self, e, context, links, pair: self._tool_result(e, pair),
+    EventType.METADATA: lambda self, e, context, links, pair: self._metadata(e),
+}
+
+
+def _without_none(attrs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attrs.items() if v is not None}
+
+
+def _text(value: Any) -> str:
+    return value if type(value) is str else str(value)
 
 
 def _is_empty(raw: Any) -> bool:

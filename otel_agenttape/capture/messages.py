@@ -176,11 +176,15 @@ def _tool_call_part(call: Any) -> dict[str, Any]:
 
 def convert_message(message: Any) -> dict[str, Any]:
     """One chat message (OpenAI, Anthropic, Gemini or already GenAI) -> GenAI ChatMessage."""
-    if type(message) is dict and len(message) == 2 and type(message.get("content")) is str:
+    if type(message) is dict and type(message.get("content")) is str:
+        size = len(message)
         role = message.get("role")
-        if role is not None and role != "model":  # fast path: {"role": ..., "content": "text"}
+        if size == 2 and role is not None and role != "model":  # fast path: {"role": ..., "content": "text"}
             content = message["content"]
             return {"role": role, "parts": [{"type": "text", "content": content}] if content else []}
+        if size == 3 and role == "tool" and "tool_call_id" in message:  # fast path: OpenAI tool message
+            return {"role": "tool", "parts": [{"type": "tool_call_response", "id": message["tool_call_id"],
+                                               "response": message["content"]}]}
     message = to_plain(message)
     if isinstance(message, str):
         return {"role": "user", "parts": [_text(message)]}
@@ -225,7 +229,7 @@ def convert_messages(messages: Any) -> list[dict[str, Any]]:
     messages = to_plain(messages)
     if messages is None:
         return []
-    if isinstance(messages, (str, Mapping)):
+    if type(messages) is not list and isinstance(messages, (str, Mapping)):
         messages = [messages]
     return [convert_message(m) for m in messages]
 
@@ -275,9 +279,9 @@ def describe_response(raw: Any) -> dict[str, Any]:
     raw = to_plain(raw)
     info: dict[str, Any] = {"text": None, "reasoning": None, "tool_calls": [], "finish_reason": None,
                             "model": None, "id": None}
-    if not isinstance(raw, Mapping):
+    if type(raw) is not dict and not isinstance(raw, Mapping):
         return info
-    if isinstance(raw.get("message"), Mapping) and raw.get("type") == "message_start":
+    if raw.get("type") == "message_start" and isinstance(raw.get("message"), Mapping):
         raw = raw["message"]
     info["model"] = raw.get("model") or raw.get("modelVersion")
     info["id"] = raw.get("id") or raw.get("responseId")
@@ -285,7 +289,7 @@ def describe_response(raw: Any) -> dict[str, Any]:
     if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):  # OpenAI chat
         choice = choices[0]
         message = choice.get("message") or choice.get("delta") or {}
-        if isinstance(message, Mapping):
+        if type(message) is dict or isinstance(message, Mapping):
             content = message.get("content")
             if isinstance(content, str):
                 info["text"] = content

@@ -39,9 +39,8 @@ from otel_agenttape.integrity.leaf import (
     NotOtlpSafe,
     _raw,
     clean_text,
-    leaf_bytes,
+    leaf_from_sdk,
     otlp_safe_attributes,
-    project_sdk,
 )
 from otel_agenttape.integrity.note import Signer, sign_note
 
@@ -49,17 +48,21 @@ _log = logging.getLogger(__name__)
 SCOPE = InstrumentationScope("otel_agenttape.integrity")
 OUR_SCOPE = "otel_agenttape"
 NODE_TYPES = frozenset({"model", "tool"})
+_CHAIN_ID, _CHAIN_SEQ, _CHAIN_PREV, _CHAIN_HASH, _CHAIN_EPOCH = (
+    semconv.CHAIN_ID, semconv.CHAIN_SEQ, semconv.CHAIN_PREV, semconv.CHAIN_HASH, semconv.CHAIN_EPOCH)
+_monotonic = time.monotonic
 
 
 class SealedSpan(ReadableSpan):
     """A copy of an ended span with other attributes (and events), keeping its dropped counts."""
 
     def __init__(self, span: ReadableSpan, attributes: dict[str, Any], events: tuple | None = None) -> None:
-        self.__dict__.update(span.__dict__)
-        self._dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
-        self._attributes = attributes
+        d = self.__dict__
+        d.update(span.__dict__)
+        d["_dropped"] = (span.dropped_attributes, span.dropped_events, span.dropped_links)
+        d["_attributes"] = attributes
         if events is not None:
-            self._events = events
+            d["_events"] = events
 
     @property
     def dropped_attributes(self) -> int:
@@ -135,7 +138,7 @@ class SealingSpanProcessor(SpanProcessor):
         checkpoint_file: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 256,
         checkpoint_interval_s: float = 1.0,
-        checkpoint_on_nodes: bool = False,
+        checkpoint_on_nodes: bool = True,
         seal_foreign: bool = True,
         export_checkpoints: bool = True,
         on_node: Callable[[ReadableSpan], Any] | None = None,
@@ -199,7 +202,7 @@ class SealingSpanProcessor(SpanProcessor):
         if due is not None:
             self._emit_checkpoint(*due)
         if self.on_node is not None and sealed is not span:
-            if (sealed.attributes or {}).get(semconv.NODE_TYPE) in NODE_TYPES:
+            if _raw(sealed).get(semconv.NODE_TYPE) in NODE_TYPES:
                 try:
                     self.on_node(sealed)
                 except Exception:
@@ -225,8 +228,7 @@ class SealingSpanProcessor(SpanProcessor):
     def _register(self, span: Any) -> None:
         ctx = span.context
         parent = span.parent
-        attrs = span.attributes or {}
-        run_id = attrs.get(semconv.RUN_ID)
+        run_id = _raw(span).get(semconv.RUN_ID)
         with self._lock:
             tape = self._tapes.get(ctx.trace_id)
             if tape is None:
@@ -243,34 +245,36 @@ class SealingSpanProcessor(SpanProcessor):
     def _seal(self, span: ReadableSpan) -> tuple[ReadableSpan, tuple | None]:
         if not self.seal_foreign and not _ours(span):
             return span, None
-        attrs = _raw(span)
         events = None
         try:
-            leaf = leaf_bytes(project_sdk(span))
+            leaf = leaf_from_sdk(span)
         except (NotOtlpSafe, CanonicalError, UnicodeEncodeError):
             span = _make_safe(span)
-            attrs = _raw(span)
             events = span._events
             self.coerced += 1
-            leaf = leaf_bytes(project_sdk(span))
-        trace_id = span.context.trace_id
-        now = time.monotonic()
+            leaf = leaf_from_sdk(span)
+        attrs = _raw(span)
+        ctx = span.context
+        trace_id = ctx.trace_id
+        now = _monotonic()
         opening = None
         with self._lock:
             tape = self._tapes.get(trace_id)
             if tape is None:
                 tape = _Tape(trace_id, f"{trace_id:032x}", False)
                 self._tapes[trace_id] = tape
-            if tape.chain is None:
+            chain = tape.chain
+            if chain is None:
                 opening = self._open_chain(tape)
-            link = tape.chain.append(leaf)  # type: ignore[union-attr]
+                chain = tape.chain
+            link = chain.append(leaf)
             tape.resource = span.resource
             self.sealed += 1
-            closing = span.context.span_id == tape.root_span_id
+            closing = ctx.span_id == tape.root_span_id
             due = None
             if (
                 closing
-                or tape.chain.size - max(tape.last_cp_size, 0) >= self.checkpoint_every  # type: ignore[union-attr]
+                or chain.size - max(tape.last_cp_size, 0) >= self.checkpoint_every
                 or (self.checkpoint_on_nodes and attrs.get(semconv.NODE_TYPE) in NODE_TYPES)
                 or now - tape.last_cp_time >= self.checkpoint_interval_s
             ):
@@ -279,14 +283,14 @@ class SealingSpanProcessor(SpanProcessor):
                 del self._tapes[trace_id]
         if opening is not None:
             self._emit_checkpoint(*opening)
-        new_attrs = dict(attrs)
-        new_attrs[semconv.CHAIN_ID] = link.chain_id
-        new_attrs[semconv.CHAIN_SEQ] = link.seq
-        new_attrs[semconv.CHAIN_PREV] = link.prev
-        new_attrs[semconv.CHAIN_HASH] = link.hash
-        new_attrs[semconv.CHAIN_EPOCH] = link.epoch
-        self._ensure_timer()
-        return SealedSpan(span, new_attrs, events), due
+        if self._timer is None:
+            self._ensure_timer()
+        # the forwarded copy: one new attribute dict, one shallow copy of the span
+        return SealedSpan(span, {
+            **attrs,
+            _CHAIN_ID: link.chain_id, _CHAIN_SEQ: link.seq, _CHAIN_PREV: link.prev,
+            _CHAIN_HASH: link.hash, _CHAIN_EPOCH: link.epoch,
+        }, events), due
 
     def _open_chain(self, tape: _Tape) -> tuple | None:
         last = self._last_epochs.get(tape.chain_id)

@@ -4,6 +4,8 @@ exporter (or our chain on an application's existing provider), returned as a Tap
 from __future__ import annotations
 
 import os
+import time
+import uuid
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlparse
 
@@ -38,7 +40,7 @@ class Tape:
 
     def __init__(self, tracer_provider: TracerProvider, listener: CaptureListener, stats: CaptureStats,
                  processor: SpanProcessor | None, queue: QueueingSpanProcessor | None, *,
-                 owns_provider: bool, sinks: Sequence[NodeSink] = ()) -> None:
+                 owns_provider: bool, sinks: Sequence[NodeSink] = (), resume_index: Any = None) -> None:
         self.tracer_provider = tracer_provider
         self.listener = listener
         self._stats = stats
@@ -47,6 +49,45 @@ class Tape:
         self.owns_provider = owns_provider
         self.sinks = list(sinks)
         self._closed = False
+        self._recorded: Any = None
+        self.resume_index = resume_index
+
+    # ---- recorded nondeterminism -----------------------------------------------------------
+    @property
+    def resume_index(self) -> Any:
+        """The ``otel_agenttape.resume.ResumeIndex`` that records ``now()``/``uuid()``..., or None."""
+        return self._resume_index
+
+    @resume_index.setter
+    def resume_index(self, index: Any) -> None:
+        self._resume_index = index
+        if index is None:
+            self._recorded = None
+        else:
+            from otel_agenttape.resume.nondeterminism import Recorded
+
+            self._recorded = Recorded(index)
+
+    def now(self) -> float:
+        """``time.time()``; with a resume index, recorded on the first run and replayed on resume, so a
+        prompt that embeds the time hashes the same and hits the recorded call."""
+        return self._recorded.now() if self._recorded is not None else time.time()
+
+    def time_ns(self) -> int:
+        """``time.time_ns()``, recorded like ``now()``."""
+        return self._recorded.time_ns() if self._recorded is not None else time.time_ns()
+
+    def uuid(self) -> str:
+        """A random uuid as text, recorded like ``now()``."""
+        return self._recorded.uuid() if self._recorded is not None else str(uuid.uuid4())
+
+    def random(self) -> float:
+        """``random.random()``, recorded like ``now()``."""
+        if self._recorded is not None:
+            return self._recorded.random()
+        import random
+
+        return random.random()
 
     @property
     def memory(self) -> InMemorySink | None:
@@ -180,7 +221,7 @@ def _wire(provider: TracerProvider, *, exporter: SpanExporter | None | bool, end
           protocol: str | None, headers: Any, timeout: float | None, compression: str | None,
           insecure: bool | None, redact: RedactSpec, seal: bool, seal_options: Mapping[str, Any] | None,
           queue_options: Mapping[str, Any] | None, sinks: list[NodeSink], max_payload_chars: int | None,
-          owns_provider: bool) -> Tape:
+          owns_provider: bool, resume_index: Any = None) -> Tape:
     stats = CaptureStats()
     redactor = build_redactor(redact, stats)
     processor = queue = None
@@ -196,7 +237,8 @@ def _wire(provider: TracerProvider, *, exporter: SpanExporter | None | bool, end
     tracer = provider.get_tracer(SCOPE_NAME, _version())
     listener = CaptureListener(tracer, stats=stats, redactor=redactor, sinks=sinks,
                                max_payload_chars=_effective_cut(max_payload_chars, provider))
-    return Tape(provider, listener, stats, processor, queue, owns_provider=owns_provider, sinks=sinks)
+    return Tape(provider, listener, stats, processor, queue, owns_provider=owns_provider, sinks=sinks,
+                resume_index=resume_index)
 
 
 def _version() -> str:
@@ -226,6 +268,7 @@ def setup(
     memory: bool = False,
     max_payload_chars: int | None = None,
     set_global: bool = False,
+    resume_index: Any = None,
 ) -> Tape:
     """Configure capture in one call and return a Tape.
 
@@ -234,7 +277,9 @@ def setup(
     OTLP exporter (False: local sinks only). ``redact``: True for the built-in patterns, a callable, a
     regex, or a list of them; applied to content before sealing and export. ``seal`` wraps export in the
     sealing processor when available. ``jsonl_path``/``memory`` add local node-record sinks.
-    ``max_payload_chars`` cuts larger payloads, recording their length and sha256.
+    ``max_payload_chars`` cuts larger payloads, recording their length and sha256. ``resume_index``
+    (an ``otel_agenttape.resume.ResumeIndex``) makes ``tape.now()``, ``tape.uuid()``... recorded values
+    that come back the same when the run is resumed.
     """
     attrs = dict(resource_attributes or {})
     if service_name:
@@ -243,7 +288,7 @@ def setup(
     tape = _wire(provider, exporter=exporter, endpoint=endpoint, protocol=protocol, headers=headers, timeout=timeout,
                  compression=compression, insecure=insecure, redact=redact, seal=seal, seal_options=seal_options,
                  queue_options=queue_options, sinks=_sinks(sinks, jsonl_path, memory),
-                 max_payload_chars=max_payload_chars, owns_provider=True)
+                 max_payload_chars=max_payload_chars, owns_provider=True, resume_index=resume_index)
     if set_global:
         trace.set_tracer_provider(provider)
     return tape
@@ -267,6 +312,7 @@ def instrument(
     jsonl_path: str | os.PathLike[str] | None = None,
     memory: bool = False,
     max_payload_chars: int | None = None,
+    resume_index: Any = None,
 ) -> Tape:
     """Add capture to an application's existing SDK TracerProvider (default: the global one).
 
@@ -279,4 +325,4 @@ def instrument(
     return _wire(provider, exporter=exporter, endpoint=endpoint, protocol=protocol, headers=headers, timeout=timeout,
                  compression=compression, insecure=insecure, redact=redact, seal=seal, seal_options=seal_options,
                  queue_options=queue_options, sinks=_sinks(sinks, jsonl_path, memory),
-                 max_payload_chars=max_payload_chars, owns_provider=False)
+                 max_payload_chars=max_payload_chars, owns_provider=False, resume_index=resume_index)

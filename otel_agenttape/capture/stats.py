@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Callable
 
@@ -32,11 +33,13 @@ COUNTERS = (
 class CaptureStats:
     """Thread-safe named counters; every name in COUNTERS is always present."""
 
-    __slots__ = ("_lock", "_counts", "_sources")
+    __slots__ = ("_lock", "_counts", "_ticks", "_sources")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        # Single increments (the per-node hot path) tick an itertools.count: atomic, no lock.
+        self._ticks: dict[str, itertools.count] = {}
         self._sources: list[Callable[[], dict[str, int]]] = []
 
     def add_source(self, source: Callable[[], dict[str, int]]) -> None:
@@ -44,12 +47,20 @@ class CaptureStats:
         self._sources.append(source)
 
     def incr(self, name: str, n: int = 1) -> None:
+        if n == 1:
+            ticks = self._ticks.get(name)
+            if ticks is None:
+                with self._lock:
+                    ticks = self._ticks.setdefault(name, itertools.count())
+            next(ticks)
+            return
         with self._lock:
             self._counts[name] = self._counts.get(name, 0) + n
 
     def set(self, name: str, value: int) -> None:
         with self._lock:
-            self._counts[name] = value
+            ticks = self._ticks.get(name)
+            self._counts[name] = value - (_peek(ticks) if ticks is not None else 0)
 
     def get(self, name: str) -> int:
         return self.snapshot().get(name, 0)
@@ -57,6 +68,9 @@ class CaptureStats:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             out = dict(self._counts)
+            ticks = list(self._ticks.items())
+        for name, counter in ticks:
+            out[name] = out.get(name, 0) + _peek(counter)
         for source in self._sources:
             try:
                 for key, value in source().items():
@@ -64,3 +78,8 @@ class CaptureStats:
             except Exception:
                 pass
         return out
+
+
+def _peek(counter: itertools.count) -> int:
+    """The next value of an itertools.count (the number of ticks so far), read without advancing it."""
+    return int(repr(counter)[6:-1])

@@ -28,10 +28,16 @@ class Usage:
 
     def merge(self, other: "Usage") -> "Usage":
         """Later present values win; absent slots never erase earlier ones (streamed usage)."""
-        for name in self.__slots__:
-            value = getattr(other, name)
-            if value != ABSENT:
-                setattr(self, name, value)
+        if other.input_tokens != ABSENT:
+            self.input_tokens = other.input_tokens
+        if other.output_tokens != ABSENT:
+            self.output_tokens = other.output_tokens
+        if other.cache_read_input_tokens != ABSENT:
+            self.cache_read_input_tokens = other.cache_read_input_tokens
+        if other.cache_write_input_tokens != ABSENT:
+            self.cache_write_input_tokens = other.cache_write_input_tokens
+        if other.reasoning_output_tokens != ABSENT:
+            self.reasoning_output_tokens = other.reasoning_output_tokens
         return self
 
     def is_empty(self) -> bool:
@@ -53,11 +59,11 @@ def _int(value: Any) -> int | None:
 
 
 def _find_block(raw: Any, depth: int = 0) -> Mapping[str, Any] | None:
-    if not isinstance(raw, Mapping) or depth > 3:
+    if (type(raw) is not dict and not isinstance(raw, Mapping)) or depth > 3:
         return None
     for key in _USAGE_CONTAINERS:
         sub = raw.get(key)
-        if isinstance(sub, Mapping):
+        if sub is not None and (type(sub) is dict or isinstance(sub, Mapping)):
             return sub
     if any(k in raw for k in _INPUT_KEYS + _OUTPUT_KEYS):
         return raw

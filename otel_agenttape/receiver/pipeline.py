@@ -4,8 +4,10 @@ Transports call ``accept``; it returns only once the request is durable in the w
 One writer thread drains the in-memory queue into ``Store.write_traces``/``write_logs`` in large
 batches (every request that arrived while the previous batch was being written), then tells the
 WAL those records are applied. Large backlogs are converted to Arrow rows by a pool of worker
-processes (``convert.py``) while this thread inserts the previous chunk. Memory stays bounded: when the queued bytes pass the limit,
-``accept`` raises ``Backpressure`` and the transport answers 429/503 with a retry delay.
+processes (``convert.py``) while this thread inserts earlier chunks; chunks already converted when the
+writer gets to them go into one transaction (fewer, larger DuckDB commits). Memory stays bounded: when
+the queued bytes pass the limit, ``accept`` holds the request briefly if the writer is draining, and
+otherwise raises ``Backpressure`` so the transport answers 429/503 with a retry delay.
 """
 
 from __future__ import annotations
@@ -23,12 +25,21 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otel_agenttape.receiver.convert import ConvertPool
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES, WriteAheadLog
+from otel_agenttape.store import rows
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUE_BYTES = 128 * 1024 * 1024
 DEFAULT_MAX_BATCH_ITEMS = 50_000
 DEFAULT_MAX_BATCH_BYTES = 128 * 1024 * 1024
+# While the writer is draining (it stored a batch within _DRAINING_SECONDS), a full queue holds a
+# request up to DEFAULT_ADMISSION_WAIT for room before refusing it: a client told to retry waits at
+# least a second (Retry-After is whole seconds), while the writer frees room at its next commit.
+# A stalled store gets an immediate 429. At most _MAX_ADMISSION_WAITERS requests wait, so held
+# bodies stay bounded too.
+DEFAULT_ADMISSION_WAIT = 3.0
+_DRAINING_SECONDS = 5.0
+_MAX_ADMISSION_WAITERS = 8
 _STORE_FAILURES_UNHEALTHY = 3
 _REPLAY_BATCH_BYTES = 32 * 1024 * 1024
 
@@ -77,6 +88,7 @@ class IngestPipeline:
         pool: ConvertPool | None = None,
         pool_threshold: int = 4000,
         chunk_items: int = 8000,
+        admission_wait: float = DEFAULT_ADMISSION_WAIT,
     ) -> None:
         self.store = store
         self.sink = sink  # optional ParquetSink: gets exactly the rows each write stored
@@ -90,9 +102,12 @@ class IngestPipeline:
         self.max_queue_bytes = max_queue_bytes
         self.max_batch_items = max_batch_items
         self.max_batch_bytes = max_batch_bytes
+        self.admission_wait = admission_wait
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._idle = threading.Condition(self._lock)
+        self._room = threading.Condition(self._lock)
+        self._waiters = 0
         self._queue: deque[_Item] = deque()
         self._queue_count = 0  # spans + log records waiting in _queue
         self._reserved_bytes = 0  # admitted, not yet in the store (includes WAL appends in flight)
@@ -140,11 +155,12 @@ class IngestPipeline:
                 raise Backpressure("the receiver is shutting down", 5.0, unavailable=True)
             if self._store_failures >= _STORE_FAILURES_UNHEALTHY:
                 raise Backpressure("the store is failing; retry later", 5.0, unavailable=True)
-            if self._reserved_bytes and self._reserved_bytes + size > self.max_queue_bytes:
+            if not self._wait_room(size):
+                self._raise_if_unavailable()
                 self.metrics.inc("agenttape_backpressure_total")
                 raise Backpressure(
                     f"ingest queue full ({self._reserved_bytes} bytes waiting for the store)",
-                    self._retry_after(),
+                    self._retry_after(size),
                     unavailable=False,
                 )
             self._reserved_bytes += size
@@ -174,7 +190,8 @@ class IngestPipeline:
                 raise Backpressure("the receiver is shutting down", 5.0, unavailable=True)
             if self._store_failures >= _STORE_FAILURES_UNHEALTHY:
                 raise Backpressure("the store is failing; retry later", 5.0, unavailable=True)
-            if self._reserved_bytes >= self.max_queue_bytes:
+            if not self._wait_room(1):
+                self._raise_if_unavailable()
                 self.metrics.inc("agenttape_backpressure_total")
                 raise Backpressure(
                     f"ingest queue full ({self._reserved_bytes} bytes waiting for the store)",
@@ -182,11 +199,42 @@ class IngestPipeline:
                     unavailable=False,
                 )
 
-    def _retry_after(self) -> float:
+    def _raise_if_unavailable(self) -> None:
+        if self._closing:
+            raise Backpressure("the receiver is shutting down", 5.0, unavailable=True)
+        if self._store_failures >= _STORE_FAILURES_UNHEALTHY:
+            raise Backpressure("the store is failing; retry later", 5.0, unavailable=True)
+
+    def _fits(self, size: int) -> bool:
+        return not self._reserved_bytes or self._reserved_bytes + size <= self.max_queue_bytes
+
+    def _wait_room(self, size: int) -> bool:
+        """With the lock held: True once ``size`` more bytes fit the queue, waiting briefly for the writer."""
+        if self._fits(size):
+            return True
+        if self._waiters >= _MAX_ADMISSION_WAITERS or self.admission_wait <= 0:
+            return False
+        if time.time() - self.last_applied_at > _DRAINING_SECONDS:
+            return False
+        deadline = time.monotonic() + self.admission_wait
+        self._waiters += 1
+        try:
+            while not self._fits(size):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closing or self._store_failures >= _STORE_FAILURES_UNHEALTHY:
+                    return False
+                self._room.wait(remaining)
+        finally:
+            self._waiters -= 1
+        return True
+
+    def _retry_after(self, size: int = 1) -> float:
+        """Seconds until the writer has likely made room for ``size`` more bytes (1..10)."""
         rate = self.metrics.store_rate_bytes()
-        if rate <= 0:
+        excess = self._reserved_bytes + size - self.max_queue_bytes
+        if rate <= 0 or excess <= 0:
             return 1.0
-        return float(min(30.0, max(1.0, round(self._reserved_bytes / rate))))
+        return float(min(10.0, max(1.0, round(excess / rate))))
 
     # -- writer -------------------------------------------------------------------------------
 
@@ -269,6 +317,7 @@ class IngestPipeline:
             except Exception as exc:  # noqa: BLE001 - the data is safe in the WAL; retry
                 with self._lock:
                     self._store_failures += 1
+                    self._room.notify_all()
                 self.metrics.inc("agenttape_store_errors_total")
                 log.error("store write failed (will retry): %s", exc)
                 if self._stopped and self._store_failures > 10:
@@ -287,24 +336,24 @@ class IngestPipeline:
             self._in_flight -= len(batch)
             self.last_applied_at = time.time()
             self._idle.notify_all()
+            self._room.notify_all()
 
-    def _write_converted(self, chunk: list[_Item], future: Any) -> None:
-        try:
-            tables = future.result()
-        except Exception as exc:  # noqa: BLE001 - a broken worker: convert here instead
-            log.warning("row conversion in a worker failed (%s); converting in the writer", exc)
-            msgs = [it.message() for it in chunk]
-            kind = chunk[0].kind
-            self._write(msgs if kind == KIND_TRACES else [], msgs if kind == KIND_LOGS else [])
-            return
+    def _write_converted(self, chunks: list[list[_Item]], futures: list[Any]) -> None:
+        """Insert the rows converted by the workers for ``chunks`` in one transaction."""
+        parts = []
+        for chunk, future in zip(chunks, futures):
+            try:
+                parts.append(future.result())
+            except Exception as exc:  # noqa: BLE001 - a broken worker: convert here instead
+                log.warning("row conversion in a worker failed (%s); converting in the writer", exc)
+                msgs = [it.message() for it in chunk]
+                parts.append(rows.traces_to_tables(msgs) if chunk[0].kind == KIND_TRACES else rows.logs_to_tables(msgs))
         start = time.perf_counter()
-        res = self.store.write_tables(tables)
+        res = self.store.write_tables(rows.concat(parts))
         self._to_sink(res)
-        if chunk[0].kind == KIND_TRACES:
-            self.metrics.inc("agenttape_spans_stored_total", res.spans_stored)
-            self.metrics.inc("agenttape_spans_duplicate_total", res.duplicates)
-        else:
-            self.metrics.inc("agenttape_logs_stored_total", res.logs_stored)
+        self.metrics.inc("agenttape_spans_stored_total", res.spans_stored)
+        self.metrics.inc("agenttape_spans_duplicate_total", res.duplicates)
+        self.metrics.inc("agenttape_logs_stored_total", res.logs_stored)
         self.metrics.observe("agenttape_store_write_seconds", time.perf_counter() - start)
 
     def _run(self) -> None:
@@ -325,10 +374,18 @@ class IngestPipeline:
                 assert self.pool is not None
                 for chunk in chunks:
                     inflight.append((chunk, self.pool.submit(chunk[0].kind, [it.payload for it in chunk])))
-                chunk, future = inflight.popleft()
-                if not self._retrying(lambda: self._write_converted(chunk, future)):
+                # the oldest chunk, plus every following one already converted: one transaction
+                # (fewer, larger commits cost DuckDB less per row)
+                done_chunks, futures = [], []
+                items = 0
+                while inflight and (not futures or (inflight[0][1].done() and items < self.max_batch_items)):
+                    chunk, future = inflight.popleft()
+                    done_chunks.append(chunk)
+                    futures.append(future)
+                    items += sum(it.count for it in chunk)
+                if not self._retrying(lambda c=done_chunks, f=futures: self._write_converted(c, f)):
                     return
-                self._applied(chunk)
+                self._applied([it for chunk in done_chunks for it in chunk])
                 continue
             traces = [it.message() for it in batch if it.kind == KIND_TRACES]
             logs = [it.message() for it in batch if it.kind == KIND_LOGS]
@@ -370,6 +427,7 @@ class IngestPipeline:
         """Refuse new requests, drain the queue into the store and stop; True when everything was stored."""
         with self._lock:
             self._closing = True
+            self._room.notify_all()
         drained = self.wait_idle(timeout)
         with self._lock:
             self._stopped = True

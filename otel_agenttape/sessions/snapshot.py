@@ -99,7 +99,7 @@ class TapeContext:
 
     session_id: str
     agent: str | None
-    parent_run_id: str | None
+    previous_run_id: str | None
     traceparent: str | None
 
     def span_context(self) -> Any:
@@ -123,7 +123,7 @@ class TapeContext:
             return None
         from opentelemetry import trace
 
-        attrs = {semconv.RUN_ID: self.parent_run_id} if self.parent_run_id else {}
+        attrs = {semconv.RUN_ID: self.previous_run_id} if self.previous_run_id else {}
         return trace.Link(ctx, attrs)
 
     def otel_context(self) -> Any:
@@ -138,8 +138,8 @@ class TapeContext:
     def run_attributes(self) -> dict[str, str]:
         """Span attributes that mark a new run as part of this session and a follow-up of the last run."""
         attrs = {semconv.SESSION_ID: self.session_id}
-        if self.parent_run_id:
-            attrs[semconv.PARENT_RUN_ID] = self.parent_run_id
+        if self.previous_run_id:
+            attrs[semconv.PREVIOUS_RUN_ID] = self.previous_run_id
         if self.agent:
             attrs[semconv.GEN_AI_AGENT_NAME] = self.agent
         return attrs
@@ -147,8 +147,8 @@ class TapeContext:
     def carrier(self) -> dict[str, str]:
         """W3C ``traceparent`` of the last run plus ``baggage`` with its run id and the session id.
 
-        This is the carrier the capture API takes as a remote parent, so a restored session
-        continues with ``tape.run(agent=..., session_id=ctx.session_id, parent=ctx.carrier())``
+        This is the carrier the capture API takes as ``follows``, so a restored session
+        continues with ``tape.run(agent=..., session_id=ctx.session_id, follows=ctx.carrier())``
         (see ``run_kwargs``). Empty when the session has no recorded run yet.
         """
         span_ctx = self.span_context()
@@ -159,8 +159,8 @@ class TapeContext:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         ctx = trace.set_span_in_context(trace.NonRecordingSpan(span_ctx))
-        if self.parent_run_id:
-            ctx = baggage.set_baggage(semconv.RUN_ID, self.parent_run_id, ctx)
+        if self.previous_run_id:
+            ctx = baggage.set_baggage(semconv.RUN_ID, self.previous_run_id, ctx)
         ctx = baggage.set_baggage(semconv.SESSION_ID, self.session_id, ctx)
         out: dict[str, str] = {}
         TraceContextTextMapPropagator().inject(out, context=ctx)
@@ -169,12 +169,13 @@ class TapeContext:
 
     def run_kwargs(self) -> dict[str, Any]:
         """Keywords for the capture API's ``tape.run(**ctx.run_kwargs())``: same agent and session,
-        and the last run as remote parent (a new trace whose run span links to the last run's span
-        and carries ``agenttape.parent_run.id``)."""
+        and the last run as the one this run follows (a new trace whose run span links to the last
+        run's span and carries ``agenttape.previous_run.id``). A later turn is not a child run, so
+        a tape tree does not show a session's turns as nested agents."""
         kwargs: dict[str, Any] = {"agent": self.agent, "session_id": self.session_id}
         carrier = self.carrier()
         if carrier:
-            kwargs["parent"] = carrier
+            kwargs["follows"] = carrier
         return kwargs
 
 
@@ -263,7 +264,7 @@ class SessionSnapshot:
         return TapeContext(
             session_id=self.session_id,
             agent=self.agent,
-            parent_run_id=self.tape.run_id,
+            previous_run_id=self.tape.run_id,
             traceparent=self.tape.traceparent,
         )
 

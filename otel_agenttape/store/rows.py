@@ -149,6 +149,63 @@ class Tables:
         }
 
 
+def _first_seen(keys: list[Any], seen: set[Any]) -> list[bool]:
+    keep = []
+    for k in keys:
+        keep.append(k not in seen)
+        seen.add(k)
+    return keep
+
+
+def concat(parts: list[Tables]) -> Tables:
+    """One ``Tables`` from several conversions (written in one transaction); a span, log record or
+    resource repeated across parts is kept once (the first), like repeats within one conversion."""
+    if len(parts) == 1:
+        return parts[0]
+    import pyarrow.compute as pc
+
+    dups = sum(p.in_batch_duplicates for p in parts)
+    span_keys = [pc.binary_join_element_wise(p.spans.column("trace_id"), p.spans.column("span_id"), "")
+                 for p in parts]
+    n_spans = sum(len(k) for k in span_keys)
+    if n_spans and pc.count_distinct(pa.chunked_array(span_keys, type=pa.string())).as_py() < n_spans:
+        seen: set[Any] = set()
+        fixed = []
+        for p, keys in zip(parts, span_keys):
+            keep = pa.array(_first_seen(keys.to_pylist(), seen), type=pa.bool_())
+            if pc.all(keep).as_py():
+                fixed.append(p)
+                continue
+            dropped = pc.filter(keys, pc.invert(keep))
+            dups += len(dropped)
+
+            def others(t: pa.Table, dropped: pa.Array = dropped) -> pa.Table:
+                if not t.num_rows:
+                    return t
+                k = pc.binary_join_element_wise(t.column("trace_id"), t.column("span_id"), "")
+                return t.filter(pc.invert(pc.is_in(k, dropped)))
+
+            fixed.append(Tables(p.spans.filter(keep), others(p.span_events), others(p.span_links),
+                                p.resources, p.log_records))
+        parts = fixed
+    logs = pa.concat_tables([p.log_records for p in parts])
+    if logs.num_rows and pc.count_distinct(logs.column("log_id")).as_py() < logs.num_rows:
+        keep = pa.array(_first_seen(logs.column("log_id").to_pylist(), set()), type=pa.bool_())
+        dups += logs.num_rows - pc.sum(keep.cast(pa.int64())).as_py()
+        logs = logs.filter(keep)
+    res = pa.concat_tables([p.resources for p in parts])
+    if res.num_rows > 1:
+        res = res.filter(pa.array(_first_seen(res.column("resource_id").to_pylist(), set()), type=pa.bool_()))
+    return Tables(
+        spans=pa.concat_tables([p.spans for p in parts]),
+        span_events=pa.concat_tables([p.span_events for p in parts]),
+        span_links=pa.concat_tables([p.span_links for p in parts]),
+        resources=res,
+        log_records=logs,
+        in_batch_duplicates=dups,
+    )
+
+
 def _table(name: str, rows: list[tuple]) -> pa.Table:
     sch = SCHEMAS[name]
     if not rows:
@@ -186,8 +243,48 @@ class _Resources:
         return _table("resources", list(self.rows.values()))
 
 
-_P_OPERATION = sc.GEN_AI_OPERATION_NAME
-_MISSING: dict[str, Any] = {}
+# promoted columns in spans column order (after service_name): (attribute, as int?)
+_PROMOTED: list[tuple[str, bool]] = [
+    (sc.GEN_AI_OPERATION_NAME, False),
+    (sc.GEN_AI_AGENT_NAME, False),
+    (sc.RUN_ID, False),
+    (sc.SESSION_ID, False),
+    (sc.PARENT_RUN_ID, False),
+    (sc.RUN_STATUS, False),
+    (sc.TURN_ID, False),
+    (sc.STEP, True),
+    (sc.NODE_TYPE, False),
+    (sc.GEN_AI_PROVIDER_NAME, False),  # or gen_ai.system, below
+    (sc.GEN_AI_REQUEST_MODEL, False),
+    (sc.GEN_AI_RESPONSE_MODEL, False),
+    (sc.GEN_AI_TOOL_NAME, False),
+    (sc.GEN_AI_TOOL_CALL_ID, False),
+    (sc.GEN_AI_USAGE_INPUT_TOKENS, True),
+    (sc.GEN_AI_USAGE_OUTPUT_TOKENS, True),
+    (sc.CHAIN_ID, False),
+    (sc.CHAIN_SEQ, True),
+    (sc.CHAIN_PREV, False),
+    (sc.CHAIN_HASH, False),
+    (sc.CHAIN_EPOCH, True),
+]
+_SLOT = {key: (i, as_int) for i, (key, as_int) in enumerate(_PROMOTED)}
+_PROVIDER_SLOT = _SLOT[sc.GEN_AI_PROVIDER_NAME][0]
+_NO_PROMOTED = (None,) * len(_PROMOTED)
+
+
+def _promoted(a: dict[str, Any]) -> tuple:
+    """The promoted column values of one typed attribute set, in column order."""
+    hits = a.keys() & _SLOT.keys()
+    has_system = sc.GEN_AI_SYSTEM in a
+    if not hits and not has_system:
+        return _NO_PROMOTED
+    out = list(_NO_PROMOTED)
+    for key in hits:
+        i, as_int = _SLOT[key]
+        out[i] = _int(a[key]) if as_int else _text(a[key])
+    if has_system and out[_PROVIDER_SLOT] is None:
+        out[_PROVIDER_SLOT] = _text(a[sc.GEN_AI_SYSTEM])
+    return tuple(out)
 
 
 def traces_to_tables(requests: Iterable[Any]) -> Tables:
@@ -211,8 +308,7 @@ def _traces_to_tables(requests: Iterable[Any]) -> Tables:
     dups = 0
     dumps = orjson.dumps
     typed_attrs = _typed_attrs
-    text = _text
-    as_int = _int
+    promoted = _promoted
     for request in requests:
         for rs in request.resource_spans:
             rid, service = res.add(rs.resource, rs.schema_url)
@@ -234,9 +330,7 @@ def _traces_to_tables(requests: Iterable[Any]) -> Tables:
                     end = span.end_time_unix_nano
                     day = start // _NS_PER_DAY
                     a = typed_attrs(span.attributes)
-                    g = a.get
                     status = span.status
-                    provider = g(sc.GEN_AI_PROVIDER_NAME) or g(sc.GEN_AI_SYSTEM)
                     parent = span.parent_span_id
                     span_rows.append(
                         (
@@ -260,27 +354,7 @@ def _traces_to_tables(requests: Iterable[Any]) -> Tables:
                             scope_name,
                             scope_version,
                             service,
-                            text(g(_P_OPERATION)),
-                            text(g(sc.GEN_AI_AGENT_NAME)),
-                            text(g(sc.RUN_ID)),
-                            text(g(sc.SESSION_ID)),
-                            text(g(sc.PARENT_RUN_ID)),
-                            text(g(sc.RUN_STATUS)),
-                            text(g(sc.TURN_ID)),
-                            as_int(g(sc.STEP)),
-                            text(g(sc.NODE_TYPE)),
-                            text(provider),
-                            text(g(sc.GEN_AI_REQUEST_MODEL)),
-                            text(g(sc.GEN_AI_RESPONSE_MODEL)),
-                            text(g(sc.GEN_AI_TOOL_NAME)),
-                            text(g(sc.GEN_AI_TOOL_CALL_ID)),
-                            as_int(g(sc.GEN_AI_USAGE_INPUT_TOKENS)),
-                            as_int(g(sc.GEN_AI_USAGE_OUTPUT_TOKENS)),
-                            text(g(sc.CHAIN_ID)),
-                            as_int(g(sc.CHAIN_SEQ)),
-                            text(g(sc.CHAIN_PREV)),
-                            text(g(sc.CHAIN_HASH)),
-                            as_int(g(sc.CHAIN_EPOCH)),
+                            *promoted(a),
                             day,
                         )
                     )

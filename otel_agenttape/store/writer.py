@@ -1,10 +1,19 @@
 """The single writer of a DuckDB tape store.
 
 One process owns a DuckDB file (DuckDB allows one writing process). Each batch is converted to Arrow
-(``rows.py``), checked against stored keys with one semi-join, and inserted in one transaction, so a
-re-sent span (same trace id + span id) or log record (same ``log_id``) is stored once. Keys are
-checked with a hash semi-join on the new batch rather than a PRIMARY KEY index: an ART index over
-random hex ids makes every insert slower and keeps growing in memory (see ``bench/store_size.py``).
+(``rows.py``), checked against stored keys, and inserted in one transaction, so a re-sent span
+(same trace id + span id) or log record (same ``log_id``) is stored once.
+
+Stored keys are checked in two steps so the cost of a write does not grow with the table scan: an
+in-memory set of the 64-bit ``hash(trace_id || span_id)`` of every stored span (sorted arrays, 8 bytes
+per key, rebuilt from the table when the store opens) clears new keys with a binary search; only keys
+whose hash is already there (re-sent spans, or a 64-bit hash collision) go to an exact semi-join on
+the table. A PRIMARY KEY (ART index) over random hex ids makes every insert slower and keeps growing
+in memory (``bench/store_size.py``). Log records work the same way on ``log_id``.
+
+The writer also keeps ``run_index``: one row per (run, trace) and written batch with the time range and
+the ``spans`` row range of that batch, so a run is found without scanning ``spans.run_id``
+(``run_bounds``).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -29,9 +39,14 @@ class WriteResult:
     duplicates: int = 0
     logs_stored: int = 0
     tables: dict[str, pa.Table] = field(default_factory=dict, repr=False)
+    span_hashes: Any = field(default=None, repr=False)  # key hashes of the stored rows, until commit
+    log_hashes: Any = field(default=None, repr=False)
 
 
-def locked_config(threads: int | None = None) -> dict[str, Any]:
+DEFAULT_MEMORY_LIMIT = "512MB"
+
+
+def locked_config(threads: int | None = None, memory_limit: str | None = None) -> dict[str, Any]:
     """DuckDB settings for every store database: no file/network access beyond the database itself,
     no extension loading, settings frozen. Queries served from this database (``/api/query``) then
     cannot reach the file system even if a statement check were bypassed."""
@@ -46,13 +61,27 @@ def locked_config(threads: int | None = None) -> dict[str, Any]:
     }
     if threads:
         config["threads"] = int(threads)
+    if memory_limit:
+        # bounds the buffer pool (RSS otherwise grows with the store); past it DuckDB evicts or spills
+        config["memory_limit"] = memory_limit
     return config
 
 
 def create_schema(con: duckdb.DuckDBPyConnection) -> None:
-    """Create the tables (if missing) and (re)create the views."""
+    """Create the tables (if missing), the writer's ``run_index``, and (re)create the views."""
     for name in schema.TABLES:
         con.execute(schema.table_ddl(name))
+    had_index = con.sql(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'run_index' AND schema_name = 'main'"
+    ).fetchall()[0][0]
+    con.execute(_RUN_INDEX_DDL)
+    if not had_index:  # a store written before run_index existed: index what it holds (whole tables)
+        con.execute(
+            "INSERT INTO run_index SELECT run_id, min(start_time_unix_nano), max(end_time_unix_nano), count(*), "
+            "min(rowid), max(rowid), (SELECT min(rowid) FROM span_events), (SELECT max(rowid) FROM span_events), "
+            "(SELECT min(rowid) FROM span_links), (SELECT max(rowid) FROM span_links) "
+            "FROM spans WHERE run_id IS NOT NULL GROUP BY run_id"
+        )
     views.create_views(con)
 
 
@@ -62,15 +91,107 @@ def _key(table: pa.Table, cols: list[str]) -> pa.Array:
     return pc.binary_join_element_wise(*[table.column(c) for c in cols], "")
 
 
+_RUN_INDEX_DDL = """CREATE TABLE IF NOT EXISTS run_index (
+  run_id VARCHAR NOT NULL,
+  start_time_unix_nano BIGINT NOT NULL,
+  end_time_unix_nano BIGINT NOT NULL,
+  spans BIGINT NOT NULL,
+  first_span_row BIGINT NOT NULL,
+  last_span_row BIGINT NOT NULL,
+  first_event_row BIGINT,
+  last_event_row BIGINT,
+  first_link_row BIGINT,
+  last_link_row BIGINT
+)"""
+
+# Where a run's rows are: the rowid ranges (spans, span_events, span_links) of every write that held
+# one of its spans. Then ``SELECT ... FROM spans WHERE rowid BETWEEN ? AND ? AND run_id = ?`` reads
+# only those row groups (and the same for span_events/span_links with their ranges and the trace ids).
+RUN_LOOKUP_SQL = """SELECT min(first_span_row) AS first_span_row, max(last_span_row) AS last_span_row,
+       min(first_event_row) AS first_event_row, max(last_event_row) AS last_event_row,
+       min(first_link_row) AS first_link_row, max(last_link_row) AS last_link_row,
+       min(start_time_unix_nano) AS start_time_unix_nano, max(end_time_unix_nano) AS end_time_unix_nano,
+       sum(spans)::BIGINT AS spans
+FROM run_index WHERE run_id = ?"""
+_RUN_LOOKUP_COLUMNS = ("first_span_row", "last_span_row", "first_event_row", "last_event_row", "first_link_row",
+                       "last_link_row", "start_time_unix_nano", "end_time_unix_nano", "spans")
+
+_SPAN_KEY = "trace_id || span_id"
+
+
+class KeyFilter:
+    """The 64-bit ``hash(key)`` of every stored row, in a few sorted arrays: "surely new" or "maybe stored".
+
+    8 bytes per stored key. Lookups are binary searches (cost grows with log n); new keys go in a
+    small sorted run that is merged with the runs no larger than twice its size (timsort merges sorted
+    runs in linear time), so each key is merged O(log n) times. Built from the table when the store opens.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, table: str, key_sql: str) -> None:
+        self.table = table
+        self.key_sql = key_sql
+        self._runs: list[np.ndarray] = []
+        self._rebuild(con)
+
+    @property
+    def count(self) -> int:
+        return sum(len(r) for r in self._runs)
+
+    def _rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
+        t = con.sql(f"SELECT hash({self.key_sql}) FROM {self.table}").to_arrow_table()
+        keys = t.column(0).to_numpy() if t.num_rows else np.empty(0, dtype=np.uint64)
+        self._runs = [np.sort(keys.astype(np.uint64, copy=False))] if len(keys) else []
+
+    def maybe_stored(self, hashes: np.ndarray) -> np.ndarray:
+        """Boolean mask: True where the key may be stored (check exactly), False where it surely is not."""
+        hit = np.zeros(len(hashes), dtype=bool)
+        for run in self._runs:
+            i = np.searchsorted(run, hashes)
+            np.minimum(i, len(run) - 1, out=i)
+            hit |= run[i] == hashes
+        return hit
+
+    def added(self, con: duckdb.DuckDBPyConnection, hashes: np.ndarray) -> None:
+        """Record the keys of rows just inserted."""
+        if not len(hashes):
+            return
+        new = np.sort(hashes.astype(np.uint64, copy=False))
+        while self._runs and len(self._runs[-1]) <= 2 * len(new):
+            new = np.sort(np.concatenate((self._runs.pop(), new)), kind="stable")
+        self._runs.append(new)
+
+
+def _hashes(con: duckdb.DuckDBPyConnection, view: str, key_sql: str) -> np.ndarray:
+    t = con.sql(f"SELECT hash({key_sql}) FROM {view}").to_arrow_table()
+    return t.column(0).to_numpy().astype(np.uint64, copy=False)
+
+
 class Store:
     """A DuckDB tape store. ``Store(None)`` is in memory (tests, OTLP files)."""
 
-    def __init__(self, path: str | None = None, *, threads: int | None = None) -> None:
+    def __init__(self, path: str | None = None, *, threads: int | None = None,
+                 memory_limit: str | None = DEFAULT_MEMORY_LIMIT) -> None:
         self.path = path
-        self.con = duckdb.connect(path or ":memory:", config=locked_config(threads))
+        # an in-memory store keeps its rows in the buffer pool: no limit there
+        self.con = duckdb.connect(path or ":memory:", config=locked_config(threads, memory_limit if path else None))
         self._lock = threading.Lock()
         create_schema(self.con)
+        self._span_keys = KeyFilter(self.con, "spans", _SPAN_KEY)
+        self._log_keys = KeyFilter(self.con, "log_records", "log_id")
+        self._rows = self._row_counts()
         self._closed = False
+
+    def run_bounds(self, run_id: str) -> dict[str, Any] | None:
+        """Where the spans of ``run_id`` are (``RUN_LOOKUP_SQL``), or None for an unknown run."""
+        cur = self.con.cursor()
+        try:
+            found = cur.execute(RUN_LOOKUP_SQL, [run_id]).fetchall()
+        finally:
+            cur.close()
+        row = found[0] if found else None
+        if row is None or row[0] is None:
+            return None
+        return dict(zip(_RUN_LOOKUP_COLUMNS, row))
 
     # -- writes -------------------------------------------------------------------------------
     def write_traces(self, requests: Iterable[Any]) -> WriteResult:
@@ -88,9 +209,14 @@ class Store:
             con.begin()
             try:
                 result = self._insert(con, t)
+                if result.spans_stored:
+                    self._span_keys.added(con, result.span_hashes)
+                if result.logs_stored:
+                    self._log_keys.added(con, result.log_hashes)
                 con.commit()
             except BaseException:
                 con.rollback()
+                self._reload_filters()
                 raise
             finally:
                 for name in ("_n_spans", "_n_events", "_n_links", "_n_logs", "_n_res"):
@@ -98,26 +224,36 @@ class Store:
                         con.unregister(name)
                     except Exception:  # noqa: BLE001 - not registered in this batch
                         pass
+            rows_added = result.tables
+            self._rows = [self._rows[0] + rows_added["spans"].num_rows, self._rows[1] + rows_added["span_events"].num_rows,
+                          self._rows[2] + rows_added["span_links"].num_rows]
+            result.span_hashes = result.log_hashes = None
         return result
 
     def _insert(self, con: duckdb.DuckDBPyConnection, t: rows.Tables) -> WriteResult:
         out = WriteResult(duplicates=t.in_batch_duplicates)
         spans, events, links, logs = t.spans, t.span_events, t.span_links, t.log_records
+        span_hashes = log_hashes = None
         if spans.num_rows:
             con.register("_n_spans", spans.select(["trace_id", "span_id"]))
-            dup = con.sql(
-                "SELECT n.trace_id || n.span_id FROM _n_spans n SEMI JOIN spans s "
-                "ON s.trace_id = n.trace_id AND s.span_id = n.span_id"
-            ).to_arrow_table()
-            dup_keys = dup.column(0) if dup.num_rows else None
-            if dup_keys is not None:
-                out.duplicates += dup.num_rows
-                keys = pa.chunked_array(dup_keys.chunks).combine_chunks()
-                spans = spans.filter(pc.invert(pc.is_in(_key(spans, ["trace_id", "span_id"]), keys)))
-                if events.num_rows:
-                    events = events.filter(pc.invert(pc.is_in(_key(events, ["trace_id", "span_id"]), keys)))
-                if links.num_rows:
-                    links = links.filter(pc.invert(pc.is_in(_key(links, ["trace_id", "span_id"]), keys)))
+            span_hashes = _hashes(con, "_n_spans", _SPAN_KEY)
+            maybe = self._span_keys.maybe_stored(span_hashes)
+            if maybe.any():
+                con.register("_n_spans", spans.select(["trace_id", "span_id"]).filter(pa.array(maybe)))
+                dup = con.sql(
+                    "SELECT n.trace_id || n.span_id FROM _n_spans n SEMI JOIN spans s "
+                    "ON s.trace_id = n.trace_id AND s.span_id = n.span_id"
+                ).to_arrow_table()
+                if dup.num_rows:
+                    out.duplicates += dup.num_rows
+                    keys = pa.chunked_array(dup.column(0).chunks).combine_chunks()
+                    keep = pc.invert(pc.is_in(_key(spans, ["trace_id", "span_id"]), keys))
+                    spans = spans.filter(keep)
+                    span_hashes = span_hashes[keep.to_numpy(zero_copy_only=False)]
+                    if events.num_rows:
+                        events = events.filter(pc.invert(pc.is_in(_key(events, ["trace_id", "span_id"]), keys)))
+                    if links.num_rows:
+                        links = links.filter(pc.invert(pc.is_in(_key(links, ["trace_id", "span_id"]), keys)))
             if spans.num_rows:
                 con.register("_n_spans", spans)
                 con.execute("INSERT INTO spans SELECT * FROM _n_spans")
@@ -127,20 +263,36 @@ class Store:
             if links.num_rows:
                 con.register("_n_links", links)
                 con.execute("INSERT INTO span_links SELECT * FROM _n_links")
+            if spans.num_rows:
+                s0, e0, l0 = self._rows
+                ne, nl = events.num_rows, links.num_rows
+                con.execute(
+                    "INSERT INTO run_index SELECT run_id, min(start_time_unix_nano), max(end_time_unix_nano), "
+                    "count(*), ?, ?, ?, ?, ?, ? FROM _n_spans WHERE run_id IS NOT NULL GROUP BY run_id",
+                    [s0, s0 + spans.num_rows - 1, e0 if ne else None, e0 + ne - 1 if ne else None,
+                     l0 if nl else None, l0 + nl - 1 if nl else None],
+                )
             out.spans_stored = spans.num_rows
         if logs.num_rows:
             con.register("_n_logs", logs.select(["log_id"]))
-            dup = con.sql(
-                "SELECT n.log_id FROM _n_logs n SEMI JOIN log_records s ON s.log_id = n.log_id"
-            ).to_arrow_table()
-            if dup.num_rows:
-                out.duplicates += dup.num_rows
-                keys = pa.chunked_array(dup.column(0).chunks).combine_chunks()
-                logs = logs.filter(pc.invert(pc.is_in(logs.column("log_id"), keys)))
+            log_hashes = _hashes(con, "_n_logs", "log_id")
+            maybe = self._log_keys.maybe_stored(log_hashes)
+            if maybe.any():
+                con.register("_n_logs", logs.select(["log_id"]).filter(pa.array(maybe)))
+                dup = con.sql(
+                    "SELECT n.log_id FROM _n_logs n SEMI JOIN log_records s ON s.log_id = n.log_id"
+                ).to_arrow_table()
+                if dup.num_rows:
+                    out.duplicates += dup.num_rows
+                    keys = pa.chunked_array(dup.column(0).chunks).combine_chunks()
+                    keep = pc.invert(pc.is_in(logs.column("log_id"), keys))
+                    logs = logs.filter(keep)
+                    log_hashes = log_hashes[keep.to_numpy(zero_copy_only=False)]
             if logs.num_rows:
                 con.register("_n_logs", logs)
                 con.execute("INSERT INTO log_records SELECT * FROM _n_logs")
             out.logs_stored = logs.num_rows
+        out.span_hashes, out.log_hashes = span_hashes, log_hashes
         res = t.resources
         if res.num_rows and (out.spans_stored or out.logs_stored):
             con.register("_n_res", res)
@@ -162,6 +314,22 @@ class Store:
             "resources": res.cast(rows.SCHEMAS["resources"]) if res.num_rows else res,
         }
         return out
+
+    def _row_counts(self) -> list[int]:
+        """Rows in spans, span_events, span_links: the rowid of the next row appended to each."""
+        return list(self.con.sql(
+            "SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM span_events), (SELECT count(*) FROM span_links)"
+        ).fetchall()[0])
+
+    def _reload_filters(self) -> None:
+        """After a failed write: the filters may list keys that were rolled back; rebuild them (still exact
+        either way, a stale filter only sends more keys to the semi-join)."""
+        try:
+            self._span_keys = KeyFilter(self.con, "spans", _SPAN_KEY)
+            self._log_keys = KeyFilter(self.con, "log_records", "log_id")
+            self._rows = self._row_counts()
+        except Exception:  # noqa: BLE001 - the connection itself failed; the next write reports it
+            pass
 
     # -- reads on the writer's database (same process) ------------------------------------------
     def cursor(self) -> duckdb.DuckDBPyConnection:
