@@ -393,3 +393,24 @@ def test_metadata_events(cap):
     meta = events[1].attributes
     assert meta[sc.EVENT_SEQ] == 2 and meta["cache"] == "hit" and meta["attempt"] == 2
     assert json.loads(meta["extra"]) == {"k": 1}
+
+
+def test_redaction_also_applies_to_local_node_records(tmp_path):
+    import json as _json
+
+    import otel_agenttape
+
+    path = tmp_path / "nodes.jsonl"
+    tape = otel_agenttape.setup(exporter=False, jsonl_path=str(path), memory=True, redact=True)
+    with tape.run(agent="a") as run:
+        with run.model_call("m", [{"role": "user", "content": "mail alice@example.com"}]) as call:
+            call.delta("key sk-abcdefghijklmnopqrstuvwxyz123456 used")
+        with run.tool_call("send", {"to": "bob@example.com"}) as tool:
+            tool.result("sent to bob@example.com")
+    tape.shutdown()
+    text = path.read_text()
+    assert "alice@example.com" not in text and "bob@example.com" not in text
+    assert "sk-abcdefghijklmnopqrstuvwxyz123456" not in text
+    records = [_json.loads(line) for line in text.splitlines()]
+    assert {r["node_type"] for r in records} == {"model", "tool"}
+    assert all("example.com" not in repr(r) for r in tape.memory.records("model"))

@@ -9,6 +9,8 @@ counted per step; a TOOL_RESULT without a TOOL_CALL is still captured, without i
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import threading
 import random
@@ -213,10 +215,36 @@ class CaptureListener:
     def _segment(self, text: str) -> str:
         return self.redactor(text) if self.redactor is not None and text else text
 
+    def _redact_deep(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.redactor(value) if value else value  # type: ignore[misc]
+        if isinstance(value, dict):
+            return {k: self._redact_deep(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._redact_deep(v) for v in value]
+        return value
+
+    def _redacted_record(self, record: NodeRecord) -> NodeRecord:
+        """Local sinks get the same redaction as exported spans: secrets never reach disk either."""
+        return dataclasses.replace(
+            record,
+            inputs=self._redact_deep(record.inputs),
+            outputs=self._redact_deep(record.outputs),
+            output_text=self._redact_deep(record.output_text),
+            reasoning_text=self._redact_deep(record.reasoning_text),
+            error=self._redact_deep(record.error),
+        )
+
     def _emit_record(self, record: NodeRecord) -> None:
         stats = self.stats
         stats.incr("nodes_captured")
         stats.incr("model_nodes" if record.node_type == MODEL else "tool_nodes")
+        if self.sinks and self.redactor is not None:
+            try:
+                record = self._redacted_record(record)
+            except Exception:
+                self.stats.incr("redaction_errors")
+                return  # never write an unredacted record when redaction was asked for
         for sink in self.sinks:
             try:
                 sink.write(record)
