@@ -8,7 +8,6 @@ Spans repeated within one conversion (same trace id + span id) are kept once: th
 
 from __future__ import annotations
 
-import base64
 import gc
 import hashlib
 import math
@@ -19,6 +18,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from otel_agenttape import anyvalue
 from otel_agenttape import semconv as sc
 from otel_agenttape.store import schema
 
@@ -50,32 +50,9 @@ def arrow_schema(table: str) -> pa.Schema:
 SCHEMAS: dict[str, pa.Schema] = {name: arrow_schema(name) for name in schema.TABLES}
 
 
-def _double(v: float) -> str:
-    if v != v:
-        return "NaN"
-    if v in (math.inf, -math.inf):
-        return "Infinity" if v > 0 else "-Infinity"
-    return repr(v)
-
-
 def _typed(value: Any) -> dict[str, Any]:
-    """One AnyValue -> typed form (same rules as ``anyvalue.from_proto``)."""
-    which = value.WhichOneof("value")
-    if which == "string_value":
-        return {"s": value.string_value}
-    if which == "int_value":
-        return {"i": str(value.int_value)}
-    if which == "double_value":
-        return {"d": _double(value.double_value)}
-    if which == "bool_value":
-        return {"bool": value.bool_value}
-    if which == "bytes_value":
-        return {"b": base64.b64encode(value.bytes_value).decode("ascii")}
-    if which == "array_value":
-        return {"a": [_typed(v) for v in value.array_value.values]}
-    if which == "kvlist_value":
-        return {"kv": _typed_attrs(value.kvlist_value.values)}
-    return {}
+    """One AnyValue -> typed form: the shared encoding, so stored rows hash like live spans."""
+    return anyvalue.from_proto(value)
 
 
 def _typed_attrs(key_values: Iterable[Any]) -> dict[str, Any]:
