@@ -4,10 +4,10 @@ Builds a store of ``--spans`` spans (default 1,000,000) directly as Arrow tables
 column contract (no SDK, so building takes seconds): background traffic of 10-span runs (one
 ``invoke_agent`` span, model spans with streamed-text events, tool spans), one 100-node run, and a
 coordinator with 20 child runs, each child in its own trace linked by ``agenttape.parent_run.id``.
-The rows go into a DuckDB store through ``Store.write_tables`` (the receiver's write path) and are
-exported to a Parquet lake with ``export_parquet``. Then it times ``reconstruct`` of the 100-node run
-and ``reconstruct_tree`` of the 1 + 20 tree from each, and prints the medians (targets: 50 ms for
-the run, 200 ms for the tree).
+The rows go into a DuckDB store through ``Store.write_tables`` (the receiver's write path, which
+also keeps ``run_index``) and are exported to a Parquet lake with ``export_parquet`` (with its
+``run_traces`` index). Then it times ``reconstruct`` of the 100-node run and ``reconstruct_tree`` of
+the 1 + 20 tree from each, and prints the medians (targets: 50 ms for the run, 200 ms for the tree).
 
     python bench/replay.py [--spans 1000000] [--repeat 15] [--dir DIR]
 
@@ -191,9 +191,10 @@ def build(db: str, total_spans: int) -> dict[str, str]:
     if len(b):
         written += len(b)
         store.write_tables(b.tables())
-    n = store.reader().query("SELECT count(*) AS n FROM spans").column(0)[0].as_py()
+    n, indexed = store.reader().query(
+        "SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM run_index)").to_pylist()[0].values()
     store.close()
-    print(f"store: {n} spans ({background_runs} background runs) in {db}", flush=True)
+    print(f"store: {n} spans ({background_runs} background runs, {indexed} run_index rows) in {db}", flush=True)
     return ids
 
 

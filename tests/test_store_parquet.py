@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import duckdb
@@ -55,10 +56,20 @@ def test_export_round_trip_duckdb_and_pyarrow(store, tmp_path):
         ds = parquet.lake_dataset(lake, table).to_table()
         assert ds.column_names == schema.column_names(table)
         assert ds.num_rows == counts[table]
-    # sorted for pruning: trace ids ascending within a file
+    # sorted for pruning: start times ascending within a file
     f = glob.glob(os.path.join(lake, "spans", "date=2026-01-01", "*.parquet"))[0]
-    ids = pq.read_table(f).column("trace_id").to_pylist()
-    assert ids == sorted(ids)
+    starts = pq.read_table(f).column("start_time_unix_nano").to_pylist()
+    assert starts == sorted(starts)
+    # the run index: one row per (run, trace, parent run), naming the span files it covers
+    idx = glob.glob(os.path.join(lake, parquet.RUN_TRACES, "*.parquet"))
+    assert len(idx) == 1
+    assert _duck_rows(con, f"SELECT run_id, trace_id, start_time_unix_nano, spans FROM read_parquet('{idx[0]}')") \
+        == _duck_rows(store.con, "SELECT run_id, trace_id, min(start_time_unix_nano), count(*) FROM spans "
+                                 "WHERE run_id IS NOT NULL OR parent_run_id IS NOT NULL GROUP BY ALL")
+    covered = json.loads(pq.read_schema(idx[0]).metadata[parquet.SPAN_FILES_KEY])
+    assert sorted(covered) == sorted(os.path.relpath(p, lake) for p in glob.glob(
+        os.path.join(lake, "spans", "**", "*.parquet"), recursive=True))
+    assert counts[parquet.RUN_TRACES] == len(pq.read_table(idx[0]))
     # exact int64 and nanoseconds after the round trip
     row = con.execute(f"SELECT attributes, start_time_unix_nano FROM read_parquet('{lake}/spans/**/*.parquet', "
                       "hive_partitioning=true) WHERE name = 'chat m'").fetchone()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 import subprocess
@@ -82,9 +83,12 @@ def test_status_error_cancelled_truncated(served):
             await task
 
     asyncio.run(cancel_it())
-    crashed = tape.run("crasher", run_id="run-crash", input="go").__enter__()  # never exits
-    with crashed.model_call(model="m", messages=[{"role": "user", "content": "go"}]) as call:
-        call.finish(text="half")
+    def crash() -> None:  # a run whose process dies: entered, never exited
+        crashed = tape.run("crasher", run_id="run-crash", input="go").__enter__()
+        with crashed.model_call(model="m", messages=[{"role": "user", "content": "go"}]) as call:
+            call.finish(text="half")
+
+    contextvars.copy_context().run(crash)  # keep the never-ended run out of the next tests' context
     with tape.run("capped", run_id="run-trunc", input="long") as run:
         run.status = "truncated"
         run.set_output("partial")

@@ -10,6 +10,8 @@ place, so a reader never sees a partial file.
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import shutil
 import threading
@@ -27,8 +29,11 @@ from otel_agenttape.store import rows, schema
 
 PARTITIONED = ("spans", "span_events", "span_links", "log_records")
 SORT_KEYS: dict[str, list[str]] = {
-    "spans": ["trace_id", "start_time_unix_nano", "span_id"],
-    "span_events": ["trace_id", "span_id", "event_index"],
+    # spans and events by time: a run's or a tree's rows (several traces) sit in one or two row groups,
+    # found by the time window a rebuild always has (from ``run_traces``); trace_id statistics still
+    # bound a lookup by trace id alone
+    "spans": ["start_time_unix_nano", "trace_id", "span_id"],
+    "span_events": ["time_unix_nano", "trace_id", "span_id", "event_index"],
     "span_links": ["trace_id", "span_id", "link_index"],
     "log_records": ["trace_id", "time_unix_nano", "log_id"],
     "resources": ["resource_id"],
@@ -120,7 +125,7 @@ def write_partitions(
 
 def export_parquet(reader: Any, root: str, overwrite: bool = False) -> dict[str, int]:
     """Write every table of a store to a lake at ``root`` (one-shot); returns rows written per table."""
-    existing = [t for t in schema.TABLES if os.path.isdir(os.path.join(root, t))]
+    existing = [t for t in (*schema.TABLES, "run_traces") if os.path.isdir(os.path.join(root, t))]
     if existing and not overwrite:
         raise FileExistsError(f"{root} already holds {', '.join(existing)}; pass --overwrite (overwrite=True) to replace them")
     for t in existing:
@@ -143,7 +148,53 @@ def export_parquet(reader: Any, root: str, overwrite: bool = False) -> dict[str,
             write_partitions(name, part, root)
             n = part.num_rows
         counts[name] = n
+    counts[RUN_TRACES] = export_run_traces(root)
     return counts
+
+
+RUN_TRACES = "run_traces"
+SPAN_FILES_KEY = b"agenttape.span_files"
+# The lake's run index: where each run is, without scanning spans.run_id / spans.parent_run_id.
+RUN_TRACES_SQL = """SELECT run_id, trace_id, parent_run_id,
+       min(start_time_unix_nano) AS start_time_unix_nano, max(start_time_unix_nano) AS last_start_unix_nano,
+       max(end_time_unix_nano) AS end_time_unix_nano, count(*)::BIGINT AS spans
+FROM spans WHERE run_id IS NOT NULL OR parent_run_id IS NOT NULL
+GROUP BY run_id, trace_id, parent_run_id ORDER BY run_id, trace_id, parent_run_id"""
+
+
+def export_run_traces(root: str) -> int:
+    """Write ``root/run_traces/part-*.parquet``: one row per (run, trace, parent run) of the lake's span
+    files, sorted by run id, with those files' names in the Parquet key/value metadata
+    (``agenttape.span_files``) so a reader can tell when the lake gained files since. Computed from the
+    files themselves, so it matches them even if the source store was written to during the export.
+    Returns its rows."""
+    import duckdb
+
+    folder = os.path.join(root, RUN_TRACES)
+    if os.path.isdir(folder):
+        shutil.rmtree(folder)
+    files = sorted(glob.glob(os.path.join(root, "spans", "**", "*.parquet"), recursive=True))
+    if files:
+        con = duckdb.connect(":memory:")
+        try:
+            src = "read_parquet([" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "])"
+            table = con.sql(RUN_TRACES_SQL.replace("FROM spans", f"FROM {src}")).to_arrow_table()
+        finally:
+            con.close()
+    else:
+        table = pa.schema(_RUN_TRACES_FIELDS).empty_table()
+    table = table.cast(pa.schema(_RUN_TRACES_FIELDS)).replace_schema_metadata(
+        {SPAN_FILES_KEY: json.dumps([os.path.relpath(f, root) for f in files]).encode()})
+    stamp = f"part-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:12]}.parquet"
+    write_file(table, os.path.join(folder, stamp))
+    return table.num_rows
+
+
+_RUN_TRACES_FIELDS = [
+    ("run_id", pa.string()), ("trace_id", pa.string()), ("parent_run_id", pa.string()),
+    ("start_time_unix_nano", pa.int64()), ("last_start_unix_nano", pa.int64()), ("end_time_unix_nano", pa.int64()),
+    ("spans", pa.int64()),
+]
 
 
 def lake_dataset(root: str, table: str) -> ds.Dataset:

@@ -8,6 +8,10 @@ not the whole store.
 
 from __future__ import annotations
 
+import glob
+import json
+import os
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -115,13 +119,117 @@ def _windows(rows: list[dict[str, Any]]) -> Windows:
 
 
 def run_traces(reader: Reader, run_id: str) -> Windows:
-    """Traces holding spans of this agenttape run id (a resumed run may span several), with time windows."""
+    """Traces holding spans of this agenttape run id (a resumed run may span several), with time windows.
+
+    Uses the store's ``run_index`` (or a lake's ``run_traces``) when there is one, so that only the
+    rows the run was written in are read; otherwise scans ``spans.run_id``. Same answer either way.
+    """
+    found = _indexed_run_traces(reader, run_id)
+    if found is not None:
+        return found
     return _windows(_rows(
         reader,
         "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM spans "
         "WHERE run_id = ? GROUP BY trace_id",
         [run_id],
     ))
+
+
+# Readers known to have no run index (the table is missing): asked once, then scanned directly.
+_UNINDEXED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _remember_unindexed(reader: Reader) -> None:
+    try:
+        _UNINDEXED[reader] = True
+    except TypeError:  # a reader that cannot be weakly referenced: ask again next time
+        pass
+
+
+def _is_unindexed(reader: Reader) -> bool:
+    try:
+        return reader in _UNINDEXED
+    except TypeError:
+        return False
+
+
+def _missing_table(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "run_index" in text and ("does not exist" in text or "not found" in text)
+
+
+def _indexed_run_traces(reader: Reader, run_id: str) -> Windows | None:
+    """Windows from the run index, or None when the source has none (then the caller scans)."""
+    lake = lake_run_traces(reader)
+    if lake is not None:
+        return _windows(_rows(
+            reader,
+            "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi "
+            f"FROM {lake} WHERE run_id = ? GROUP BY trace_id",
+            [run_id],
+        ))
+    if _is_unindexed(reader):
+        return None
+    try:
+        bounds = _rows(reader, _RUN_BOUNDS_SQL, [run_id])
+    except Exception as exc:  # noqa: BLE001 - no run_index (a lake, an older store): scan instead
+        if _missing_table(exc):
+            _remember_unindexed(reader)
+            return None
+        raise
+    if not bounds or bounds[0]["first_row"] is None:
+        return {}  # the writer indexes every span with a run id: not there means no such run
+    b = bounds[0]
+    # every span of the run lies in these row ranges and starts/ends within the run's time range:
+    # both bounds prune row groups by their min/max statistics
+    return _windows(_rows(
+        reader,
+        "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM spans "
+        "WHERE rowid BETWEEN ? AND ? AND start_time_unix_nano >= ? AND end_time_unix_nano <= ? AND run_id = ? "
+        "GROUP BY trace_id",
+        [int(b["first_row"]), int(b["last_row"]), int(b["lo"]), int(b["hi"]), run_id],
+    ))
+
+
+# ``store.writer.RUN_LOOKUP_SQL`` reduced to what a rebuild needs
+_RUN_BOUNDS_SQL = (
+    "SELECT min(first_span_row) AS first_row, max(last_span_row) AS last_row, "
+    "min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM run_index WHERE run_id = ?"
+)
+
+
+def lake_run_traces(reader: Reader) -> str | None:
+    """``read_parquet(...)`` over a lake's ``run_traces`` table, if the reader is a lake with an index
+    that covers exactly the span files there now (a lake that gained files since its export, from
+    ``serve --parquet-dir``, is scanned instead)."""
+    if getattr(reader, "kind", None) != "lake":
+        return None
+    from ..store.parquet import RUN_TRACES, SPAN_FILES_KEY
+
+    root = str(getattr(reader, "description", "") or "")
+    folder = os.path.join(root, RUN_TRACES)
+    files = sorted(glob.glob(os.path.join(folder, "*.parquet")))
+    if len(files) != 1:
+        return None
+    spans = sorted(os.path.relpath(f, root) for f in glob.glob(os.path.join(root, "spans", "**", "*.parquet"),
+                                                                  recursive=True))
+    key = (files[0], os.path.getmtime(files[0]), tuple(spans))
+    cached = _LAKE_INDEX.get(root)
+    if cached is None or cached[0] != key:
+        import pyarrow.parquet as pq
+
+        try:
+            meta = pq.read_schema(files[0]).metadata or {}
+            covered = json.loads(meta.get(SPAN_FILES_KEY, b"null"))
+        except (OSError, ValueError):
+            covered = None
+        ok = isinstance(covered, list) and sorted(covered) == spans
+        source = "read_parquet('" + files[0].replace("'", "''") + "')" if ok else None
+        cached = _LAKE_INDEX[root] = (key, source)
+    return cached[1]
+
+
+_LAKE_INDEX: dict[str, tuple[Any, str | None]] = {}
 
 
 def trace_windows(reader: Reader, trace_ids: Sequence[str]) -> Windows:
@@ -148,12 +256,16 @@ def child_traces(reader: Reader, parent_run_ids: Sequence[str], linked_traces: S
     after = "" if since_ns is None else " AND start_time_unix_nano >= ?"
     bound = [] if since_ns is None else [since_ns - WINDOW_SLACK_NS]
     if parent_run_ids:
-        found.update(_windows(_rows(
-            reader,
-            "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM spans "
-            f"WHERE {_match('parent_run_id', parent_run_ids)}{after} GROUP BY trace_id",
-            [*parent_run_ids, *bound],
-        )))
+        lake = lake_run_traces(reader)
+        if lake is not None:
+            found.update(_lake_children(reader, lake, parent_run_ids, since_ns))
+        else:
+            found.update(_windows(_rows(
+                reader,
+                "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM spans "
+                f"WHERE {_match('parent_run_id', parent_run_ids)}{after} GROUP BY trace_id",
+                [*parent_run_ids, *bound],
+            )))
     if linked_traces:
         day = "" if since_ns is None else " AND date >= CAST(? AS DATE)"
         day_bound = [] if since_ns is None else [_iso_day(since_ns - WINDOW_SLACK_NS)]
@@ -165,6 +277,32 @@ def child_traces(reader: Reader, parent_run_ids: Sequence[str], linked_traces: S
         linking = sorted({r["trace_id"] for r in rows} - set(found))
         found.update(trace_windows(reader, linking))
     return found
+
+
+def _lake_children(reader: Reader, index: str, parent_run_ids: Sequence[str], since_ns: int | None) -> Windows:
+    """The parent-run lookup of ``child_traces`` answered from a lake's ``run_traces`` (one row per run,
+    trace and parent run with the first and last span start): a trace whose matching rows all start
+    after the bound takes its window from the index; one that straddles it asks ``spans`` exactly."""
+    since = None if since_ns is None else since_ns - WINDOW_SLACK_NS
+    after = "" if since is None else " AND last_start_unix_nano >= ?"
+    rows = _rows(
+        reader,
+        "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM "
+        f"{index} WHERE {_match('parent_run_id', parent_run_ids)}{after} GROUP BY trace_id",
+        [*parent_run_ids, *([] if since is None else [since])],
+    )
+    whole = [r for r in rows if since is None or int(r["lo"]) >= since]
+    out = _windows(whole)
+    straddling = sorted(r["trace_id"] for r in rows if since is not None and int(r["lo"]) < since)
+    if straddling:
+        out.update(_windows(_rows(
+            reader,
+            "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM spans "
+            f"WHERE {_match('trace_id', straddling)} AND {_match('parent_run_id', parent_run_ids)} "
+            "AND start_time_unix_nano >= ? GROUP BY trace_id",
+            [*straddling, *parent_run_ids, since],
+        )))
+    return out
 
 
 def _iso_day(ns: int) -> str:
