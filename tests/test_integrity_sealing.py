@@ -77,7 +77,7 @@ def test_checkpoints_at_nodes_every_n_and_run_end_signed_and_filed(tmp_path) -> 
                 pass
     provider.shutdown()
     sizes = [r["size"] for r in records]
-    assert sizes == [4, 8, 10]
+    assert sizes == [0, 4, 8, 10]  # the opening checkpoint is filed at once, then every 4, then run end
     assert [r["size"] for r in read_checkpoint_file(cp_file)] == sizes
     cp_spans = [s for s in exporter.get_finished_spans() if s.name == semconv.EVENT_CHECKPOINT]
     assert [s.attributes[semconv.CHECKPOINT_SIZE] for s in cp_spans] == sizes

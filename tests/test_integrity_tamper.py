@@ -26,8 +26,9 @@ def key():
     return Signer.generate("test.agenttape/agent")
 
 
-def record(run_id: str, key, cp_file, n: int = N_NODES):
-    provider, sealer, exporter = sealed_provider(signing_key=key, checkpoint_file=cp_file)
+def record(run_id: str, key, cp_file, n: int = N_NODES, on_nodes: bool = True):
+    # A checkpoint per node localizes a re-seal to one entry; the default cadence bounds it to a range.
+    provider, sealer, exporter = sealed_provider(signing_key=key, checkpoint_file=cp_file, checkpoint_on_nodes=on_nodes)
     tracer = provider.get_tracer("otel_agenttape")
     with tracer.start_as_current_span(f"invoke_agent {run_id}", attributes={semconv.RUN_ID: run_id}):
         for i in range(n):
@@ -246,3 +247,31 @@ def test_parallel_verification_matches(tmp_path, key, monkeypatch) -> None:
     (r,) = verify_store(reader, verifiers=[key.verifier()], checkpoint_files=[cp], workers=2)
     reader.close()
     assert (r.first_broken_index, r.reason) == (9, "leaf hash mismatch at seq 9: span content edited")
+
+
+def test_reseal_with_default_checkpoint_cadence_is_bounded_to_a_range(tmp_path, key) -> None:
+    """Default cadence (opening and run-end checkpoints for a short run): a consistent re-seal of one
+    entry cannot be pinned to it, but the signed checkpoint still refuses the tape over its range."""
+    db = str(tmp_path / "tape.duckdb")
+    cp_file = tmp_path / "checkpoints.jsonl"
+    store = Store(db)
+    store.write_traces([encode(record("run-a", key, cp_file, on_nodes=False))])
+    store.close()
+    reader = open_reader(db)
+    rows = sorted(load_rows(reader, "chain_id = 'run-a'"), key=lambda r: r["chain_seq"])
+    reader.close()
+    chain = Chain("run-a")
+    con = duckdb.connect(db)
+    for row in rows:
+        a = orjson.loads(row["attributes"])
+        if row["chain_seq"] == 5:
+            a["payload"] = {"s": "rewritten"}
+        link = chain.append(row_leaf(dict(row, attributes=a)))
+        set_chain(a, "prev", link.prev)
+        set_chain(a, "hash", link.hash)
+        con.execute("UPDATE spans SET attributes = ?, chain_prev = ?, chain_hash = ? WHERE span_id = ?",
+                    [orjson.dumps(a).decode(), link.prev, link.hash, row["span_id"]])
+    con.close()
+    r = verify(db, key, str(cp_file))
+    assert not r.valid and r.first_broken_index == 0
+    assert r.reason.startswith(f"checkpoint at size {len(rows)} does not match the stored entries")

@@ -58,23 +58,23 @@ class SealedSpan(ReadableSpan):
 
     def __init__(self, span: ReadableSpan, attributes: dict[str, Any], events: tuple | None = None) -> None:
         d = self.__dict__
-        d.update(span.__dict__)
-        d["_dropped"] = (span.dropped_attributes, span.dropped_events, span.dropped_links)
+        d.update(span.__dict__)  # one shallow copy; the dropped counts are read from the original
+        d["_original"] = span
         d["_attributes"] = attributes
         if events is not None:
             d["_events"] = events
 
     @property
     def dropped_attributes(self) -> int:
-        return self._dropped[0]
+        return self._original.dropped_attributes
 
     @property
     def dropped_events(self) -> int:
-        return self._dropped[1]
+        return self._original.dropped_events
 
     @property
     def dropped_links(self) -> int:
-        return self._dropped[2]
+        return self._original.dropped_links
 
 
 def load_signer(key: Signer | str | os.PathLike[str] | None) -> Signer | None:
@@ -138,7 +138,7 @@ class SealingSpanProcessor(SpanProcessor):
         checkpoint_file: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 256,
         checkpoint_interval_s: float = 1.0,
-        checkpoint_on_nodes: bool = True,
+        checkpoint_on_nodes: bool = False,
         seal_foreign: bool = True,
         export_checkpoints: bool = True,
         on_node: Callable[[ReadableSpan], Any] | None = None,
@@ -229,6 +229,9 @@ class SealingSpanProcessor(SpanProcessor):
         ctx = span.context
         parent = span.parent
         run_id = _raw(span).get(semconv.RUN_ID)
+        tape = self._tapes.get(ctx.trace_id)
+        if tape is not None and tape.root_span_id is not None and (not run_id or tape.from_run or tape.chain is not None):
+            return  # the common case inside a run: nothing to record (these fields are only ever set once)
         with self._lock:
             tape = self._tapes.get(ctx.trace_id)
             if tape is None:
@@ -299,7 +302,10 @@ class SealingSpanProcessor(SpanProcessor):
         self._last_epochs[tape.chain_id] = {"epoch": epoch, "origin": tape.chain.origin, "size": 0,
                                             "root": base64.b64encode(tape.chain.root()).decode()}
         if last is None:
-            return None
+            # With a checkpoint file, the opening (size 0) checkpoint is recorded there at once: a
+            # process that dies before its first regular checkpoint still leaves the epoch behind,
+            # so a restart of the same tape opens the next epoch instead of re-using seq 0.
+            return self._snapshot(tape, time.monotonic()) if self.checkpoint_file is not None else None
         # A tape id seen before: a restored tape starts a new epoch, opened by a signed statement
         # that names the previous epoch's last checkpoint.
         tape.restore_ext = f"restore {last['origin']} {last['size']} {last['root']}"

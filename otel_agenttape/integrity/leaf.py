@@ -276,7 +276,116 @@ def leaf_bytes(projection: Mapping[str, Any]) -> bytes:
 
 
 def leaf_from_sdk(span: Any) -> bytes:
-    return leaf_bytes(project_sdk(span))
+    """Leaf of a live SDK span: the fast path below, else ``leaf_bytes(project_sdk(span))``."""
+    try:
+        leaf = _fast_leaf_sdk(span)
+    except (_General, AttributeError):  # AttributeError: not the SDK's ReadableSpan layout
+        leaf = None
+    return leaf if leaf is not None else leaf_bytes(project_sdk(span))
+
+
+# --- the sealing hot path -------------------------------------------------------------------------
+#
+# The general projection sorts every attribute set in Python. The fast path builds the same objects
+# unsorted and lets orjson sort them (OPT_SORT_KEYS compares UTF-8 bytes, i.e. code points). Code-point
+# order is RFC 8785's UTF-16 order unless a key holds a character above U+FFFF, so the fast path only
+# takes attribute sets whose keys have none, whose values are scalars or arrays of scalars (no nested
+# map to sort), and which hold no ``agenttape.chain.*`` key; anything else returns ``None`` and the
+# general path decides (and raises what it raises). ``tests/test_integrity_fastpath.py`` checks both
+# paths give the same bytes.
+
+_SORTED = orjson.OPT_SORT_KEYS
+_dumps = orjson.dumps
+_INF = math.inf
+
+
+class _General(Exception):
+    """A value the fast path leaves to the general projection."""
+
+
+def _fast_other(v: Any) -> dict[str, Any]:
+    t = type(v)
+    if t is int:
+        if INT64_MIN <= v <= INT64_MAX:
+            return {"i": str(v)}
+        raise _General
+    if t is float:
+        if v - v == 0.0:  # finite
+            return {"d": repr(v)}
+        return {"d": "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")}
+    if t is bool:
+        return {"bool": v}
+    if t is tuple or t is list:
+        return {"a": [{"s": x} if type(x) is str else _fast_item(x) for x in v]}
+    if v is None:
+        return {}
+    raise _General
+
+
+def _fast_item(v: Any) -> dict[str, Any]:
+    """An array element: a scalar (a nested array or map goes to the general path)."""
+    t = type(v)
+    if t is tuple or t is list:
+        raise _General
+    return _fast_other(v)
+
+
+def _fast_attrs(attrs: Mapping[str, Any], skip_chain: bool) -> dict[str, Any]:
+    """Typed attributes in insertion order (orjson sorts them); raises ``_General`` when it cannot."""
+    if not attrs:
+        return {}
+    try:
+        keys = "\n".join(attrs)
+    except TypeError:  # a non-string key
+        raise _General from None
+    if not keys.isascii() and max(keys) > "\uffff":
+        raise _General
+    if skip_chain and _CHAIN_PREFIX in keys:
+        raise _General
+    return {k: {"s": v} if type(v) is str else _fast_other(v) for k, v in attrs.items()}
+
+
+def _fast_leaf_sdk(span: Any) -> bytes | None:
+    attrs = _fast_attrs(_raw(span), True)
+    evs = span._events
+    evs = getattr(evs, "_dq", evs)  # an SDK BoundedList: its deque (the span has ended; no copy needed)
+    events = [
+        {"attributes": _fast_attrs(_raw(e), False), "dropped_attributes_count": e.dropped_attributes,
+         "name": e._name, "time_unix_nano": str(e._timestamp)}
+        for e in evs
+    ] if evs else []
+    lks = span._links
+    lks = getattr(lks, "_dq", lks)
+    links = [
+        {"attributes": _fast_attrs(_raw(lk), False), "dropped_attributes_count": lk.dropped_attributes,
+         "span_id": f"{lk.context.span_id:016x}", "trace_id": f"{lk.context.trace_id:032x}"}
+        for lk in lks
+    ] if lks else []
+    ctx = span._context
+    parent = span._parent
+    status = span._status
+    ts = ctx.trace_state
+    try:
+        return _dumps({
+            "attributes": attrs,
+            "dropped_attributes_count": span.dropped_attributes,
+            "dropped_events_count": span.dropped_events,
+            "dropped_links_count": span.dropped_links,
+            "end_time_unix_nano": str(span._end_time),
+            "events": events,
+            "kind": span._kind._value_ + 1,
+            "links": links,
+            "name": span._name,
+            "parent_span_id": f"{parent.span_id:016x}" if parent is not None else "",
+            "span_id": f"{ctx.span_id:016x}",
+            "start_time_unix_nano": str(span._start_time),
+            "status": {"code": status.status_code._value_, "message": status.description or ""},
+            "trace_id": f"{ctx.trace_id:032x}",
+            "trace_state": _sdk_trace_state(ts) if ts else "",
+            "v": LEAF_VERSION,
+        }, option=_SORTED)
+    except (orjson.JSONEncodeError, TypeError):
+        return None  # e.g. an unpaired surrogate: the general path raises CanonicalError
 
 
 def leaf_from_proto(span: Any) -> bytes:

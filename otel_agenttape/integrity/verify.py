@@ -170,6 +170,7 @@ def verify_chain(
     report.head = by_seq[last].hash if last >= 0 else None
     good_size = 0
     untrusted = 0
+    coarse: list[Issue] = []  # checkpoint mismatches: they bound a range, not an entry
     covered = 0  # the largest checkpoint size beyond the stored entries
     for c in mine:
         cp = c.checkpoint
@@ -188,7 +189,9 @@ def verify_chain(
         if got is None:
             continue  # beyond a gap: already reported
         if got != cp.root:
-            issues.append(Issue(good_size, TAMPER, f"checkpoint at size {cp.size} does not match the stored entries: edited or re-sealed (entries {good_size}..{cp.size - 1})"))
+            issue = Issue(good_size, TAMPER, f"checkpoint at size {cp.size} does not match the stored entries: edited or re-sealed (entries {good_size}..{cp.size - 1})")
+            issues.append(issue)
+            coarse.append(issue)
             continue
         head = cp.chain_head
         want_head = by_seq[cp.size - 1].hash if cp.size > 0 and (cp.size - 1) in by_seq else genesis(chain_id, epoch)
@@ -207,6 +210,10 @@ def verify_chain(
     report.issues = issues
     if issues:
         report.valid = False
-        report.first_broken_index = issues[0].index
-        report.reason = issues[0].reason
+        # A checkpoint mismatch says "somewhere in a..b"; an entry-level finding inside that range
+        # names the entry, so it is the one reported first.
+        precise = [i for i in issues if not any(i is c for c in coarse)]
+        first = precise[0] if precise else issues[0]
+        report.first_broken_index = first.index
+        report.reason = first.reason
     return report

@@ -1,0 +1,286 @@
+"""The fast leaf paths give exactly the general path's bytes and findings.
+
+Sealing renders the leaf of a live span with orjson sorting the keys (``leaf._fast_leaf_sdk``);
+verification serializes leaves straight from the stored typed JSON and keeps them only when they
+reproduce the stored chain hash (``verification._batch_entries``). Both must agree with the general
+projection (itself differential-tested against ``rfc8785``) on every span, and the verifier must
+report the same entries, problems and reasons as the row-by-row path on untouched and edited rows.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import duckdb
+import orjson
+import pytest
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from integrity_support import encode, sealed_provider
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
+
+from otel_agenttape import semconv
+from otel_agenttape.integrity.leaf import (
+    _fast_leaf_sdk,
+    leaf_bytes,
+    leaf_from_sdk,
+    project_sdk,
+)
+from otel_agenttape.store.reader import open_reader
+from otel_agenttape.store.writer import Store
+from otel_agenttape.tape import verification
+from otel_agenttape.tape.verification import (
+    _compact,
+    _query,
+    load_rows,
+    row_entry,
+    verify_store,
+)
+
+KEYS = ["a", "Z", "gen_ai.request.model", "\u00e9", "\u05d3", "\ue000", "\uffee", "\uffff", "\U0001f600",
+        "\U00010000", "\ud800", "agenttape.chain.x", "k\n", "\u2028", "\x00"]
+TEXTS = ["", "plain", "\x00\x1f\x7f", "\"\\/", "\u2028\u2029", "\ud800", "\udfff\ud800", "\ud83d\ude00",
+         "\U0001f600", "e\u0301", "\ufeff", "\ue000"]
+SCALARS = [0, -1, 2**63 - 1, -(2**63), 2**63, -(2**64), 2**53 + 1, 0.0, -0.0, math.nan, math.inf, -math.inf,
+           1e-7, 1e21, 5e-324, 0.1, True, False, b"\x00\xff", bytearray(b"x")]
+LIMITS = SpanLimits(max_attributes=10_000, max_events=10_000, max_links=1000, max_event_attributes=10_000,
+                    max_link_attributes=10_000)
+REMOTE = SpanContext(0x1F2E3D4C5B6A79881726354453627180, 0x0102030405060708, True,
+                     TraceFlags(TraceFlags.SAMPLED), TraceState([("vendor", "v1")]))
+
+
+def _value(rng: random.Random, depth: int = 0):
+    pick = rng.random()
+    if depth < 2 and pick < 0.15:
+        return tuple(_value(rng, depth + 1) for _ in range(rng.randrange(4)))
+    if depth < 2 and pick < 0.2:
+        return [rng.choice(TEXTS) for _ in range(rng.randrange(3))]
+    if pick < 0.6:
+        return rng.choice(TEXTS) + rng.choice(TEXTS)
+    return rng.choice(SCALARS)
+
+
+def _attrs(rng: random.Random, n: int, adversarial: bool) -> dict:
+    pool = KEYS if adversarial else KEYS[:5]
+    return {"".join(rng.choice(pool) for _ in range(rng.randrange(1, 3))): _value(rng) if adversarial
+            else rng.choice([rng.choice(TEXTS[:5]), 7, 0.5, True, ("x", "y")]) for _ in range(rng.randrange(n + 1))}
+
+
+def _raw_spans(seed: int, n: int, adversarial: bool) -> list:
+    """Spans straight from the SDK (not sealed, so values are not made OTLP-safe)."""
+    rng = random.Random(seed)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=LIMITS)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    for _ in range(n):
+        span = tracer.start_span(rng.choice(TEXTS[:4] + ["chat"]), links=[Link(REMOTE, _attrs(rng, 2, adversarial))]
+                                 if rng.random() < 0.3 else None)
+        for k, v in _attrs(rng, 8, adversarial).items():
+            span.set_attribute(k, v)
+        for _ in range(rng.randrange(3)):
+            span.add_event(rng.choice(["e", "\u00e9v", "\ud800"] if adversarial else ["e", "\u00e9v"]),
+                           _attrs(rng, 3, adversarial))
+        if rng.random() < 0.3:
+            span.set_status(Status(StatusCode.ERROR, rng.choice(TEXTS if adversarial else TEXTS[:5])))
+        span.end()
+    provider.shutdown()
+    return list(exporter.get_finished_spans())
+
+
+def _general(span) -> bytes | None:
+    try:
+        return leaf_bytes(project_sdk(span))
+    except Exception:  # noqa: BLE001 - no leaf: the span has no canonical form
+        return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.booleans())
+def test_fast_sdk_leaf_equals_general_leaf_and_rfc8785(seed, adversarial) -> None:
+    fast_taken = 0
+    for span in _raw_spans(seed, 25, adversarial):
+        try:
+            fast = _fast_leaf_sdk(span)
+        except Exception:  # noqa: BLE001 - the fast path may refuse; leaf_from_sdk then takes the general path
+            fast = None
+        general = _general(span)
+        if fast is not None:
+            fast_taken += 1
+            assert fast == general == rfc8785.dumps(project_sdk(span))
+        if general is not None:
+            assert leaf_from_sdk(span) == general
+    if not adversarial:
+        assert fast_taken == 25  # plain values always take the fast path
+
+
+def test_fast_path_refuses_what_it_cannot_order_or_type() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=LIMITS)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    cases = [{"\U0001f600": "x", "\ue000": "y"}, {"k": 2**64}, {"k": ("a", 2**70)}, {"agenttape.chain.seq": 1},
+             {"k": "a\ud800"}]
+    for attrs in cases:
+        with tracer.start_as_current_span("s") as sp:
+            for k, v in attrs.items():
+                sp._attributes._dict[k] = v  # what a custom span could hold, bypassing SDK validation
+    provider.shutdown()
+    for span in exporter.get_finished_spans():
+        try:
+            fast = _fast_leaf_sdk(span)
+        except Exception:  # noqa: BLE001
+            fast = None
+        assert fast is None, dict(span.attributes)
+    astral = exporter.get_finished_spans()[0]
+    assert leaf_from_sdk(astral) == rfc8785.dumps(project_sdk(astral))  # UTF-16 order: the emoji key first
+
+
+BMP_KEYS = st.text(st.characters(max_codepoint=0xFFFF, exclude_categories=("Cs",)), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(BMP_KEYS, st.one_of(st.text(st.characters(exclude_categories=("Cs",)), max_size=8),
+                                           st.booleans(), st.integers(0, 1000)), max_size=12))
+def test_orjson_key_sort_is_rfc8785_order_without_astral_keys(d) -> None:
+    assert orjson.dumps(d, option=orjson.OPT_SORT_KEYS) == rfc8785.dumps(d)
+
+
+# --- verification -----------------------------------------------------------------------------------
+
+
+def _record(run_id: str, n: int = 10):
+    provider, sealer, exporter = sealed_provider(checkpoint_every=4)
+    tracer = provider.get_tracer("otel_agenttape")
+    with tracer.start_as_current_span("run", attributes={semconv.RUN_ID: run_id}):
+        for i in range(n):
+            links = [Link(REMOTE, {"why": "retry", "n": i})] if i % 3 == 0 else None
+            with tracer.start_as_current_span(f"node {i}", links=links, attributes={
+                semconv.NODE_TYPE: "tool", semconv.STEP: i, "payload": f"v{i} \u00e9\u2028", "ratio": i / 3,
+                "blob": bytes([i]), "tags": ("a", "b"), "\ue000": "pua", "\U0001f600" if i == 4 else "z": "astral",
+                "nested": {"k": [1, "x"]} if i == 5 else "flat",
+            }) as sp:
+                sp.add_event("agenttape.text", {"agenttape.seq": i, "text": "h\u00e9llo"})
+                sp.add_event("second")
+    provider.shutdown()
+    assert sealer.errors == 0
+    return exporter.get_finished_spans()
+
+
+def _entries_both_ways(db: str):
+    reader = open_reader(db)
+    try:
+        spans, ev_by, lk_by = _query(reader, "chain_id IS NOT NULL", [])
+        fast = [t for rb in spans.to_batches(max_chunksize=5) for t in verification._batch_entries(rb, ev_by, lk_by)]
+        general = [_compact(*row_entry(row)) for row in load_rows(reader)]
+        reports = verify_store(reader)
+    finally:
+        reader.close()
+    return sorted(fast, key=repr), sorted(general, key=repr), reports
+
+
+@pytest.fixture()
+def db(tmp_path):
+    path = str(tmp_path / "tape.duckdb")
+    store = Store(path)
+    store.write_traces([encode(_record("run-f"))])
+    store.close()
+    return path
+
+
+def test_untouched_rows_take_the_fast_path_and_match_the_general_path(db, monkeypatch) -> None:
+    fast, general, reports = _entries_both_ways(db)
+    assert fast == general
+    assert all(t[9] is None for t in fast) and len(fast) == 11
+    assert reports[0].valid
+    calls = []
+    real = verification.row_entry
+    monkeypatch.setattr(verification, "row_entry", lambda row: calls.append(row) or real(row))
+    reader = open_reader(db)
+    try:
+        spans, ev_by, lk_by = _query(reader, "chain_id IS NOT NULL", [])
+        for rb in spans.to_batches():
+            verification._batch_entries(rb, ev_by, lk_by)
+    finally:
+        reader.close()
+    assert len(calls) == 1  # only the span whose astral key sorts differently in UTF-16
+
+
+def _edit(db: str, sql: str, params=()) -> None:
+    con = duckdb.connect(db)
+    try:
+        con.execute(sql, list(params))
+    finally:
+        con.close()
+
+
+def _attrs_of(db: str, seq: int) -> dict:
+    con = duckdb.connect(db, read_only=True)
+    try:
+        (text,) = con.execute("SELECT attributes FROM spans WHERE chain_seq = ?", [seq]).fetchone()
+    finally:
+        con.close()
+    return orjson.loads(text)
+
+
+def _set_attrs(db: str, seq: int, text: str) -> None:
+    _edit(db, "UPDATE spans SET attributes = ? WHERE chain_seq = ?", [text, seq])
+
+
+EDITS = {
+    "value edited": lambda a: (a.__setitem__("payload", {"s": "forged"}), orjson.dumps(a).decode())[1],
+    "keys reversed (same content)": lambda a: orjson.dumps(dict(reversed(list(a.items())))).decode(),
+    "whitespace (same content)": lambda a: orjson.dumps(a, option=orjson.OPT_INDENT_2).decode(),
+    "escaped text (same content)": lambda a: orjson.dumps(a).decode().replace('"payload"', '"p\\u0061yload"'),
+    "extra chain key": lambda a: (a.__setitem__("agenttape.chain.extra", {"s": "x"}), orjson.dumps(a).decode())[1],
+    "chain key nested": lambda a: orjson.dumps({**{k: v for k, v in a.items() if k != semconv.CHAIN_ID},
+                                                "x": {"kv": {semconv.CHAIN_ID: a[semconv.CHAIN_ID]}}}).decode(),
+    "chain key missing": lambda a: orjson.dumps({k: v for k, v in a.items() if k != semconv.CHAIN_SEQ}).decode(),
+    "seq typed as string": lambda a: (a.__setitem__(semconv.CHAIN_SEQ, {"s": "3", "i": "3"}),
+                                      orjson.dumps(a).decode())[1],
+    "duplicate key": lambda a: orjson.dumps(a).decode()[:-1] + ',"payload":{"s":"dup"}}',
+    "not an object": lambda a: "[1,2]",
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS), ids=list(EDITS))
+def test_edited_rows_give_the_general_path_findings(db, edit) -> None:
+    seq = 3
+    _set_attrs(db, seq, EDITS[edit](_attrs_of(db, seq)))
+    fast, general, reports = _entries_both_ways(db)
+    assert fast == general
+    undetectable = "(same content)" in edit or edit == "extra chain key"  # agenttape.chain.* is not hashed
+    assert reports[0].valid is undetectable, reports[0].reason
+    if not undetectable:
+        assert reports[0].first_broken_index == seq
+
+
+@pytest.mark.parametrize("sql", [
+    "UPDATE spans SET chain_hash = 'ff' || substr(chain_hash, 3) WHERE chain_seq = 2",
+    "UPDATE spans SET chain_epoch = 1 WHERE chain_seq = 2",
+    "UPDATE spans SET name = 'renamed' WHERE chain_seq = 2",
+    "UPDATE spans SET kind = 3 WHERE chain_seq = 2",
+    "UPDATE spans SET trace_state = 'a=b' WHERE chain_seq = 2",
+    ("UPDATE span_events SET attributes = '{\"text\":{\"s\":\"x\"}}' WHERE event_index = 0 AND span_id = "
+     "(SELECT span_id FROM spans WHERE chain_seq = 2)"),
+    ("UPDATE span_links SET linked_span_id = '00000000000000ff' WHERE span_id = "
+     "(SELECT span_id FROM spans WHERE chain_seq = 3)"),
+    "UPDATE span_events SET event_index = 1 - event_index WHERE span_id = (SELECT span_id FROM spans WHERE chain_seq = 2)",
+])
+def test_edited_columns_give_the_general_path_findings(db, sql) -> None:
+    _edit(db, sql)
+    fast, general, reports = _entries_both_ways(db)
+    assert fast == general
+    assert not reports[0].valid
