@@ -1,6 +1,6 @@
 """Restoring a session continues its tape through the capture API: a run recorded with
 ``tape.run(...)``, the session saved, a new process loads it and its next run keeps the session id,
-names the previous run as parent and links to its span (spans from the real SDK pipeline)."""
+names the previous run (agenttape.previous_run.id) and links to its span (spans from the real SDK pipeline)."""
 
 from __future__ import annotations
 
@@ -118,3 +118,27 @@ def test_restored_session_continues_its_tape_with_capture(tmp_path, kind) -> Non
             with table_cleanup.engine.begin() as conn:
                 conn.execute(sa.text(f'DROP TABLE IF EXISTS "{table}"'))
             table_cleanup.close()
+
+
+def test_a_later_turn_follows_the_previous_run_and_is_not_its_child():
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import otel_agenttape
+    from otel_agenttape.sessions import SessionSnapshot
+
+    exporter = InMemorySpanExporter()
+    tape = otel_agenttape.setup(exporter=exporter, seal=False)
+    snap = SessionSnapshot("turns", agent="support")
+    with tape.run(**snap.tape_context().run_kwargs(), run_id="t1") as first:
+        pass
+    snap.record_span(first.span)
+    with tape.run(**snap.tape_context().run_kwargs(), run_id="t2") as second:
+        pass
+    tape.shutdown()
+    assert second.previous_run_id == "t1" and second.parent_run_id is None
+    spans = {s.attributes[semconv.RUN_ID]: s for s in exporter.get_finished_spans()}
+    later = spans["t2"]
+    assert later.attributes[semconv.PREVIOUS_RUN_ID] == "t1"
+    assert semconv.PARENT_RUN_ID not in later.attributes
+    assert later.parent is None and later.context.trace_id != spans["t1"].context.trace_id
+    assert [link.context.span_id for link in later.links] == [spans["t1"].context.span_id]

@@ -80,6 +80,7 @@ class Run:
         self.parent = parent
         self.same_trace = same_trace
         self.follows = follows  # the previous run of the same session (a carrier), not a parent
+        self.previous_run_id: str | None = None
         self.model = model
         self.attributes = dict(attributes or {})
         self.parent_run_id: str | None = None
@@ -115,6 +116,7 @@ class Run:
             if self.session_id is None:
                 self.session_id = prev.session_id
             if prev.run_id:
+                self.previous_run_id = prev.run_id
                 self.attributes.setdefault(sc.PREVIOUS_RUN_ID, prev.run_id)
             links = [Link(prev.span_context, {sc.PREVIOUS_RUN_ID: prev.run_id or ""})] if prev.span_context else []
             return Context(), links

@@ -60,7 +60,7 @@ class ResumeIndex:
         tape: str = "default",
         *,
         journal: Journal | str | os.PathLike[str] | None = None,
-        durability: str = "intent",
+        durability: str = "full",
         replay_only: bool = False,
         entries: Iterable[Entry] = (),
     ) -> None:

@@ -70,7 +70,7 @@ class Journal:
     - ``"process"``: none; survives the process dying, not the machine.
     """
 
-    def __init__(self, path: str | Path, *, durability: str = "intent") -> None:
+    def __init__(self, path: str | Path, *, durability: str = "full") -> None:
         if durability not in DURABILITY:
             raise ValueError(f"durability must be one of {DURABILITY}")
         self.path = str(path)
