@@ -175,7 +175,8 @@ def test_durability_modes_fsync_what_they_promise(tmp_path):
         return j._db.execute("PRAGMA synchronous").fetchone()[0]  # 1 NORMAL, 2 FULL
 
     e = Entry(tape="t", kind="tool", request_hash="h", occurrence=0, position=0)
-    j = Journal(tmp_path / "a.sqlite")  # default "intent"
+    assert Journal.__init__.__kwdefaults__["durability"] == "full"  # the default
+    j = Journal(tmp_path / "a.sqlite", durability="intent")
     j.put(e, sync=True)
     assert synchronous(j) == 2
     j.put(e, sync=False)

@@ -62,11 +62,12 @@ class Journal:
     Every record is in the WAL (so it survives kill -9) before ``put`` returns. ``durability`` says
     which records are also fsync'd before returning:
 
-    - ``"intent"`` (default): intents, i.e. before any side effect starts. Commits ride on the next
-      fsync: the WAL is sequential, so syncing an intent makes every earlier record durable too. After
-      a power loss a commit can be missing, which turns the call into an in-doubt one (reported, never
+    - ``"full"`` (default): every record (``synchronous=FULL`` throughout); a commit survives a power
+      loss too, at the cost of an fsync per record.
+    - ``"intent"``: intents, i.e. before any side effect starts. Commits ride on the next fsync: the
+      WAL is sequential, so syncing an intent makes every earlier record durable too. After a power
+      loss a commit can be missing, which turns the call into an in-doubt one (reported, never
       silently re-run) or, for a model call, into one paid for again.
-    - ``"full"``: every record (``synchronous=FULL`` throughout).
     - ``"process"``: none; survives the process dying, not the machine.
     """
 
