@@ -95,28 +95,28 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Print a recorded run's ordered step stream."""
-    from otel_agenttape.tape.commands import cmd_show as run
+    from otel_agenttape.commands.tape import cmd_show as run
 
     return run(args)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Rebuild a run (``--tree``: with its child runs) from the store, with no model call."""
-    from otel_agenttape.tape.commands import cmd_replay as run
+    from otel_agenttape.commands.tape import cmd_replay as run
 
     return run(args)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """Show the first node where two runs diverge."""
-    from otel_agenttape.tape.commands import cmd_diff as run
+    from otel_agenttape.commands.tape import cmd_diff as run
 
     return run(args)
 
 
 def cmd_dataset(args: argparse.Namespace) -> int:
     """Export completed runs as OpenAI chat fine-tuning JSONL."""
-    from otel_agenttape.tape.commands import cmd_dataset as run
+    from otel_agenttape.commands.tape import cmd_dataset as run
 
     return run(args)
 
@@ -132,14 +132,14 @@ def _store_call(fn: object, *a: object, **kw: object) -> int:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """List recorded runs, newest first."""
-    from otel_agenttape.store import commands
+    from otel_agenttape.commands import store as commands
 
     return _store_call(commands.runs, args.db, limit=args.limit, as_json=args.json)
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
     """Run one read-only SQL query against the store."""
-    from otel_agenttape.store import commands
+    from otel_agenttape.commands import store as commands
 
     fmt = "json" if args.json else "csv" if args.csv else "text"
     return _store_call(commands.sql, args.db, args.query, fmt=fmt)
@@ -147,7 +147,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export the store to a Parquet lake (Hive-partitioned by date, zstd)."""
-    from otel_agenttape.store import commands
+    from otel_agenttape.commands import store as commands
 
     return _store_call(commands.export, args.db, args.dir, overwrite=args.overwrite, as_json=args.json)
 
@@ -161,35 +161,35 @@ def _tape_source_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_resume_index(args: argparse.Namespace) -> int:
     """Rebuild a run's resume index from the store (or OTLP files) into a JSON file."""
-    from otel_agenttape.tape.resume_index import cmd_resume_index as run
+    from otel_agenttape.commands.resume import cmd_resume_index as run
 
     return run(args)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     """Create an Ed25519 checkpoint signing key (PREFIX.key) and its public key (PREFIX.pub)."""
-    from otel_agenttape.tape.verification import cmd_keygen as run
+    from otel_agenttape.commands.integrity import cmd_keygen as run
 
     return run(args)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Verify every sealed tape (chains, gaps, Merkle roots, signed checkpoints); exit 1 on a failure."""
-    from otel_agenttape.tape.verification import cmd_verify as run
+    from otel_agenttape.commands.integrity import cmd_verify as run
 
     return run(args)
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
     """Write a self-contained proof (leaf, inclusion proof, signed checkpoint) for one span."""
-    from otel_agenttape.tape.verification import cmd_prove as run
+    from otel_agenttape.commands.integrity import cmd_prove as run
 
     return run(args)
 
 
 def cmd_verify_proof(args: argparse.Namespace) -> int:
     """Check a proof file offline against a public key."""
-    from otel_agenttape.tape.verification import cmd_verify_proof as run
+    from otel_agenttape.commands.integrity import cmd_verify_proof as run
 
     return run(args)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +148,26 @@ def ingest_files(
     finally:
         store.close()
     return summary
+
+
+class OtlpFileError(Exception):
+    """An OTLP file that cannot be read or decoded; the message is meant for the user."""
+
+
+def load_otlp_files(paths: Sequence[str]) -> Any:
+    """An in-memory ``Store`` holding the spans and log records of these OTLP files, decoded and
+    validated as the receiver does (so a tape replays straight from an exporter's file)."""
+    from otel_agenttape.store.writer import Store
+
+    store = Store(None)
+    try:
+        for path in paths:
+            for signal, validated in read_otlp_file(path):
+                if signal == LOGS:
+                    store.write_logs([validated.request])
+                else:
+                    store.write_traces([validated.request])
+    except (OSError, DecodeError) as exc:
+        store.close()
+        raise OtlpFileError(str(exc)) from None
+    return store

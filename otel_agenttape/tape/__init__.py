@@ -21,7 +21,6 @@ from .replay import (
     replay_tool_live,
     replay_tool_mock,
 )
-from .sources import SourceError, load_otlp_files, open_source
 
 __all__ = [
     "Cassette",
@@ -38,7 +37,6 @@ __all__ = [
     "RunNotFound",
     "RunRef",
     "RunTree",
-    "SourceError",
     "Step",
     "ToolCall",
     "TruncatedPayloadError",
@@ -48,8 +46,6 @@ __all__ = [
     "export_dataset",
     "iter_runs",
     "list_runs",
-    "load_otlp_files",
-    "open_source",
     "reconstruct",
     "reconstruct_tree",
     "recorded_failure",

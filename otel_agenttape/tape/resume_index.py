@@ -7,12 +7,10 @@ spans still give entries (tools keyed by name + arguments, model calls matched b
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections import defaultdict
 from typing import Any
 
-import orjson
 
 from .. import anyvalue
 from ..resume import ResumeIndex
@@ -74,26 +72,3 @@ def write_resume_index(reader: Any, run_id: str, out: str | os.PathLike[str]) ->
     index = build_resume_index(reader, run_id)
     index.save_json(out)
     return len(index)
-
-
-def cmd_resume_index(args: argparse.Namespace) -> int:
-    from ..cli import CliError
-    from .sources import SourceError, open_source
-
-    try:
-        reader = open_source(args.db, getattr(args, "parquet", None), getattr(args, "otlp", None))
-    except SourceError as exc:
-        raise CliError(str(exc)) from None
-    try:
-        index = build_resume_index(reader, args.run)
-    finally:
-        reader.close()
-    if len(index) == 0:
-        raise CliError(f"no model or tool nodes recorded for run {args.run}")
-    index.save_json(args.out)
-    counts = {k: len(index.entries(k)) for k in ("model", "tool")}
-    if getattr(args, "json", False):
-        print(orjson.dumps({"run": args.run, "out": str(args.out), **counts}).decode())
-    else:
-        print(f"resume index for run {args.run}: {counts['model']} model and {counts['tool']} tool entries -> {args.out}")
-    return 0

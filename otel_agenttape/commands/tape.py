@@ -1,4 +1,4 @@
-"""The `agenttape show | replay | diff | dataset` commands (registered in ``cli.py``)."""
+"""The `agenttape show | replay | diff | dataset` commands."""
 
 from __future__ import annotations
 
@@ -7,26 +7,20 @@ import json
 import sys
 from typing import Any
 
-from .content import dump_json
-from .model import Run
-from .rebuild import RunNotFound, reconstruct, reconstruct_tree
-from .sources import SourceError, open_source
+from otel_agenttape.cli import CliError
+from otel_agenttape.commands.sources import open_args
+from otel_agenttape.tape.content import dump_json
+from otel_agenttape.tape.model import Run
+from otel_agenttape.tape.rebuild import RunNotFound, reconstruct, reconstruct_tree
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from ..cli import CliError
-
-    try:
-        return open_source(args.db, args.parquet, args.otlp)
-    except SourceError as exc:
-        raise CliError(str(exc)) from None
+    return open_args(args)
 
 
 def _load(reader: Any, run_id: str, tree: bool = False) -> Any:
-    from ..cli import CliError
-
     try:
         return reconstruct_tree(reader, run_id) if tree else reconstruct(reader, run_id)
     except RunNotFound as exc:
@@ -112,7 +106,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """Show the first node where two runs diverge (exit 1), or say they match (exit 0)."""
-    from .diff import diff_runs
+    from otel_agenttape.tape.diff import diff_runs
 
     reader = _open(args)
     try:
@@ -137,8 +131,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_dataset(args: argparse.Namespace) -> int:
     """Export completed runs as OpenAI chat fine-tuning JSONL; skipped runs are counted by reason."""
-    from ..cli import CliError
-    from .dataset import export_dataset, parse_since
+    from otel_agenttape.tape.dataset import export_dataset, parse_since
 
     try:
         since = parse_since(args.since) if args.since else None
