@@ -132,6 +132,26 @@ async def test_parallel_calls_finishing_in_another_order_still_match():
     assert r2 == list(reversed(r1)) and index.tool_hits == 2 and effects == ["b", "a"]
 
 
+async def test_identical_parallel_calls_finishing_out_of_order_replay_by_occurrence():
+    """Two identical calls in flight at once: each keeps the result of its own occurrence (start
+    order), even though the second finished first, and a replay makes no real call."""
+    finished = []
+    delays = iter([0.03, 0.0])  # the first started finishes last
+
+    async def tick(label: str) -> int:
+        await asyncio.sleep(next(delays))
+        finished.append(label)
+        return len(finished)  # 2 for the first started, 1 for the second
+
+    index = ResumeIndex("r")
+    t = ResumableToolExecutor({"tick": tick}, index)
+    first = await asyncio.gather(t.aexecute("tick", {"label": "x"}), t.aexecute("tick", {"label": "x"}))
+    assert first == [2, 1] and index.tool_misses == 2
+    index.reset_run()
+    again = await asyncio.gather(t.aexecute("tick", {"label": "x"}), t.aexecute("tick", {"label": "x"}))
+    assert again == [2, 1] and index.tool_hits == 2 and len(finished) == 2
+
+
 def test_timestamped_prompt_resumes_with_all_hits(tmp_path):
     model = FakeModel()
     journal = tmp_path / "j.sqlite"
