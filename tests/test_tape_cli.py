@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -41,6 +42,12 @@ def db(tmp_path_factory):
             weather_agent(tape, ScriptedModel(), ScriptedTools(fail=True), "Weather in Lima?", run_id="broken")
         with tape.run("silent", run_id="silent", input="hello"):
             pass
+        with pytest.raises(asyncio.CancelledError):
+            with tape.run("stopped", run_id="stopped", input="hello") as run:
+                run.set_output("half")
+                raise asyncio.CancelledError()
+        with tape.run("mute", run_id="no-input") as run:  # no input recorded anywhere
+            run.set_output("an answer to nothing")
         flush(tape, server)
     finally:
         tape.shutdown()
@@ -117,8 +124,8 @@ def test_dataset_export_counts_skips(db, tmp_path, capsys):
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     # coordinator (input -> output), 2 children, rome-a, rome-b; "broken" failed, "silent" said nothing
     assert counts["written"] == len(lines) == 5
-    assert counts["skipped"] == {"status=error": 1, "no_output": 1}
-    assert "skipped 1 no_output, 1 status=error" in printed[0]
+    assert counts["skipped"] == {"status=error": 1, "no_output": 1, "status=cancelled": 1, "no_input": 1}
+    assert "skipped 1 no_input, 1 no_output, 1 status=cancelled, 1 status=error" in printed[0]
     assert lines[0] == {"messages": [{"role": "user", "content": "Two cities"},
                                      {"role": "assistant", "content": "done"}]}
     ex = lines[1]
