@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 import subprocess
@@ -48,6 +49,13 @@ def db(tmp_path_factory):
                 raise asyncio.CancelledError()
         with tape.run("mute", run_id="no-input") as run:  # no input recorded anywhere
             run.set_output("an answer to nothing")
+
+        def crash() -> None:  # a run whose process died: entered, never ended
+            run = tape.run("crasher", run_id="crashed", input="hello").__enter__()
+            with run.model_call(model="m", messages=[{"role": "user", "content": "hello"}]) as call:
+                call.finish(text="half an answer")
+
+        contextvars.copy_context().run(crash)
         flush(tape, server)
     finally:
         tape.shutdown()
@@ -124,8 +132,9 @@ def test_dataset_export_counts_skips(db, tmp_path, capsys):
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     # coordinator (input -> output), 2 children, rome-a, rome-b; "broken" failed, "silent" said nothing
     assert counts["written"] == len(lines) == 5
-    assert counts["skipped"] == {"status=error": 1, "no_output": 1, "status=cancelled": 1, "no_input": 1}
-    assert "skipped 1 no_input, 1 no_output, 1 status=cancelled, 1 status=error" in printed[0]
+    assert counts["skipped"] == {"status=error": 1, "no_output": 1, "status=cancelled": 1,
+                                 "status=incomplete": 1, "no_input": 1}
+    assert "skipped 1 no_input, 1 no_output, 1 status=cancelled, 1 status=error, 1 status=incomplete" in printed[0]
     assert lines[0] == {"messages": [{"role": "user", "content": "Two cities"},
                                      {"role": "assistant", "content": "done"}]}
     ex = lines[1]

@@ -438,8 +438,11 @@ class RunRef:
 
 def list_runs(reader: Reader, *, agent: str | None = None, since_ns: int | None = None,
               include_foreign: bool = True, limit: int | None = None) -> list[RunRef]:
-    """Agenttape runs, plus traces of other instrumentations (runs keyed by trace id), by start."""
-    where = ["run_id IS NOT NULL", "(node_type = 'run' OR operation_name = 'invoke_agent')"]
+    """Agenttape runs, plus traces of other instrumentations (runs keyed by trace id), by start.
+
+    A run is listed by any span that carries its run id, so a run whose process died before its run
+    span ended (status ``incomplete``) is listed too."""
+    where = ["run_id IS NOT NULL"]
     params: list[object] = []
     if agent:
         where.append("agent_name = ?")
