@@ -169,3 +169,12 @@ def test_coordinator_tree_with_a_child_in_another_process(served):
     assert reconstruct(server.store.reader(), "coord").nodes == []
     # a tree rooted at a child holds just that child
     assert reconstruct_tree(server.store.reader(), "child-0").run_count == 1
+    # the same tree from a Parquet lake of the store, across both traces
+    _, _, tmp_path = served
+    export_parquet(server.store.reader(), str(tmp_path / "lake"))
+    lake = open_reader(str(tmp_path / "lake"))
+    try:
+        from_lake = reconstruct_tree(lake, "coord")
+    finally:
+        lake.close()
+    assert from_lake.root.to_json(children=True) == tree.root.to_json(children=True)
