@@ -142,3 +142,33 @@ def test_a_later_turn_follows_the_previous_run_and_is_not_its_child():
     assert semconv.PARENT_RUN_ID not in later.attributes
     assert later.parent is None and later.context.trace_id != spans["t1"].context.trace_id
     assert [link.context.span_id for link in later.links] == [spans["t1"].context.span_id]
+
+
+def test_session_turns_through_the_receiver_rebuild_as_followers_not_children(tmp_path):
+    from otel_agenttape.receiver.server import TapeServer
+    from otel_agenttape.sessions import FileSessionStore, SessionSnapshot
+    from otel_agenttape.tape import reconstruct, reconstruct_tree
+
+    server = TapeServer(str(tmp_path / "tape.duckdb"), http_port=0, grpc_port=0)
+    server.start()
+    try:
+        store = FileSessionStore(tmp_path / "sessions")
+        tape = otel_agenttape.setup(endpoint=f"http://127.0.0.1:{server.http_port}", protocol="http/protobuf")
+        snap = SessionSnapshot("chat-9", agent="support")
+        with tape.run(**snap.tape_context().run_kwargs(), run_id="turn-1", input="hi") as run:
+            run.set_output("hello")
+        snap.record_span(run.span)
+        store.save(snap)
+        restored = store.load("chat-9")
+        with tape.run(**restored.tape_context().run_kwargs(), run_id="turn-2", input="again") as run:
+            run.set_output("welcome back")
+        tape.shutdown()
+        assert server.wait_idle(30)
+        reader = server.store.reader()
+        second = reconstruct(reader, "turn-2")
+        first_tree = reconstruct_tree(reader, "turn-1")
+    finally:
+        server.stop()
+    assert second.previous_run_id == "turn-1" and second.parent_run_id is None
+    assert second.session_id == "chat-9" and second.to_json()["previous_run_id"] == "turn-1"
+    assert first_tree.run_count == 1  # a later turn is not nested under the first

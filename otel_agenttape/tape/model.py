@@ -239,6 +239,7 @@ class Run:
     status_message: str | None = None
     session_id: str | None = None
     parent_run_id: str | None = None
+    previous_run_id: str | None = None  # the run this one follows in its session (not a parent)
     service_name: str | None = None
     convention: str = "agenttape"
     input: list[Message] = field(default_factory=list)
@@ -284,6 +285,8 @@ class Run:
             "start_time_unix_nano": self.start_ns,
             "end_time_unix_nano": self.end_ns,
         }
+        if self.previous_run_id:
+            out["previous_run_id"] = self.previous_run_id
         if self.status_message:
             out["status_message"] = self.status_message
         if self.truncated:

@@ -146,6 +146,8 @@ class _Index:
             first = other.run_spans[0]
             if (first.parent_run_id or first.attrs.get(sc.PARENT_RUN_ID)) == key:
                 out.append(other_key)
+            elif first.attrs.get(sc.PREVIOUS_RUN_ID):
+                continue  # a later turn of a session links to the run it follows: not a child
             elif any(link in my_spans for span in other.run_spans for link in span.links):
                 out.append(other_key)
         return out
@@ -327,6 +329,7 @@ def build_run(parts: _RunParts) -> Run:
         end_ns=end,
         session_id=attrs.get(sc.SESSION_ID) or attrs.get(sc.GEN_AI_CONVERSATION_ID) or attrs.get(foreign.OI_SESSION_ID),
         parent_run_id=(first.parent_run_id or attrs.get(sc.PARENT_RUN_ID)) if first is not None else None,
+        previous_run_id=attrs.get(sc.PREVIOUS_RUN_ID),
         service_name=first.service_name if first is not None else None,
         convention=foreign.convention(first) if first is not None else "genai",
         input=inputs,
