@@ -225,38 +225,45 @@ def _all_spans_valid(spans: Any) -> bool:
     return True
 
 
-def _summary(problems: dict[str, int]) -> str:
+def _summary(problems: dict[str, int], noun: str = "spans") -> str:
     parts = [f"{n} with {why}" for why, n in sorted(problems.items(), key=lambda kv: -kv[1])]
-    return "rejected spans: " + "; ".join(parts)
+    return f"rejected {noun}: " + "; ".join(parts)
+
+
+def _drop_invalid(req: Any, groups: Any, problem: Any, noun: str, all_valid: Any = None) -> Validated:
+    """Drop the items whose ``problem(item)`` names one, from each repeated field in ``groups``;
+    ``all_valid(items)`` is an optional fast check for the common case of a group with nothing wrong.
+    The request is mutated in place only when something was dropped."""
+    accepted = 0
+    problems: dict[str, int] = {}
+    bad_groups: list[tuple[Any, list[int]]] = []
+    for items in groups:
+        if all_valid is not None and all_valid(items):
+            accepted += len(items)
+            continue
+        bad: list[int] = []
+        for i, item in enumerate(items):
+            why = problem(item)
+            if why is None:
+                accepted += 1
+            else:
+                bad.append(i)
+                problems[why] = problems.get(why, 0) + 1
+        if bad:
+            bad_groups.append((items, bad))
+    rejected = sum(problems.values())
+    if not rejected:
+        return Validated(req, accepted, 0, "", False)
+    for items, bad in bad_groups:
+        for i in reversed(bad):
+            del items[i]
+    return Validated(req, accepted, rejected, _summary(problems, noun), True)
 
 
 def validate_traces(req: ExportTraceServiceRequest) -> Validated:
     """Drop spans with invalid ids; returns the request (mutated in place only when something was dropped)."""
-    accepted = 0
-    problems: dict[str, int] = {}
-    bad_spans: list[tuple[Any, list[int]]] = []
-    for rs in req.resource_spans:
-        for ss in rs.scope_spans:
-            if _all_spans_valid(ss.spans):
-                accepted += len(ss.spans)
-                continue
-            bad: list[int] = []
-            for i, span in enumerate(ss.spans):
-                why = _span_problem(span)
-                if why is None:
-                    accepted += 1
-                else:
-                    bad.append(i)
-                    problems[why] = problems.get(why, 0) + 1
-            if bad:
-                bad_spans.append((ss, bad))
-    rejected = sum(problems.values())
-    if not rejected:
-        return Validated(req, accepted, 0, "", False)
-    for ss, bad in bad_spans:
-        for i in reversed(bad):
-            del ss.spans[i]
-    return Validated(req, accepted, rejected, _summary(problems), True)
+    groups = (ss.spans for rs in req.resource_spans for ss in rs.scope_spans)
+    return _drop_invalid(req, groups, _span_problem, "spans", _all_spans_valid)
 
 
 def _log_problem(rec: Any) -> str | None:
@@ -270,28 +277,8 @@ def _log_problem(rec: Any) -> str | None:
 
 def validate_logs(req: ExportLogsServiceRequest) -> Validated:
     """Drop log records with invalid ids (ids are optional on logs, but must have the right length)."""
-    accepted = 0
-    problems: dict[str, int] = {}
-    bad_recs: list[tuple[Any, list[int]]] = []
-    for rl in req.resource_logs:
-        for sl in rl.scope_logs:
-            bad: list[int] = []
-            for i, rec in enumerate(sl.log_records):
-                why = _log_problem(rec)
-                if why is None:
-                    accepted += 1
-                else:
-                    bad.append(i)
-                    problems[why] = problems.get(why, 0) + 1
-            if bad:
-                bad_recs.append((sl, bad))
-    rejected = sum(problems.values())
-    if not rejected:
-        return Validated(req, accepted, 0, "", False)
-    for sl, bad in bad_recs:
-        for i in reversed(bad):
-            del sl.log_records[i]
-    return Validated(req, accepted, rejected, _summary(problems).replace("spans", "log records"), True)
+    groups = (sl.log_records for rl in req.resource_logs for sl in rl.scope_logs)
+    return _drop_invalid(req, groups, _log_problem, "log records")
 
 
 def count_spans(req: ExportTraceServiceRequest) -> int:
