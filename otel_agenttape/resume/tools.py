@@ -101,6 +101,16 @@ class ResumableToolExecutor:
             raise RecordedToolError(entry.error.get("type", "Error"), entry.error.get("message", ""))  # type: ignore[union-attr]
         return self.decode(entry.result)  # type: ignore[union-attr]
 
+    def _record_failure(self, c: Call, exc: Exception) -> None:
+        self.index.record_result(c, None, error={"type": type(exc).__name__, "message": str(exc)})
+
+    def _record_success(self, c: Call, node: Any, result: Any) -> None:
+        """Commit the result to the journal, then put it on the tool span."""
+        encoded = to_jsonable(self.encode(result))
+        self.index.record_result(c, encoded)
+        node.result(encoded)
+        mark_result(node, encoded)
+
     def execute(self, name: str, arguments: Any = None, *, call_id: str | None = None) -> Any:
         """The recorded result on a hit; otherwise journal the intent, run the tool, journal the result."""
         c = self.index.begin(TOOL, tool_request(name, arguments), name=name, call_id=call_id)
@@ -113,12 +123,9 @@ class ResumableToolExecutor:
                 try:
                     result = fn(**({"idempotency_key": key} if key else {}))
                 except Exception as exc:
-                    self.index.record_result(c, None, error={"type": type(exc).__name__, "message": str(exc)})
+                    self._record_failure(c, exc)
                     raise
-                encoded = to_jsonable(self.encode(result))
-                self.index.record_result(c, encoded)
-                node.result(encoded)
-                mark_result(node, encoded)
+                self._record_success(c, node, result)
             return result
         finally:
             self.index.end(c)
@@ -136,12 +143,9 @@ class ResumableToolExecutor:
                     if inspect.isawaitable(result):
                         result = await result
                 except Exception as exc:
-                    self.index.record_result(c, None, error={"type": type(exc).__name__, "message": str(exc)})
+                    self._record_failure(c, exc)
                     raise
-                encoded = to_jsonable(self.encode(result))
-                self.index.record_result(c, encoded)
-                node.result(encoded)
-                mark_result(node, encoded)
+                self._record_success(c, node, result)
             return result
         finally:
             self.index.end(c)
