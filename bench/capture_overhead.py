@@ -2,15 +2,17 @@
 
 (a) plain: TracerProvider + BatchSpanProcessor + OTLP/HTTP exporter, writing by hand the same span a
     capture model call produces (same name, kind, attributes, ~2.7 KB).
-(b) agenttape: ``otel_agenttape.setup(endpoint=...)`` (default pipeline, sealed when the sealing module
-    is present) with ``run.model_call(...)`` + ``call.finish(...)`` per span.
+(b) agenttape: ``otel_agenttape.setup(endpoint=...)`` (default pipeline: sealed, exported by the
+    official OTLP/HTTP exporter whose request encoding is ``capture/otlp_wire.py``, byte-identical to
+    the SDK encoder's) with ``run.model_call(...)`` + ``call.finish(...)`` per span.
 
 Both export over OTLP/HTTP to a sink server in a separate process (its CPU is not counted). CPU is this
 process's user+system time (all threads: span creation, processors, encoding, HTTP) per agent span;
 ``producer`` is the part spent in the calling thread (span building), the rest is the export thread.
 Rounds interleave a and b, alternating which goes first, so load changes on the machine hit both
-alike; each side's median round is reported. ``--split`` adds capture without sealing and sealing with a
-checkpoint at every node, to show where the sealing cost goes. Last line:
+alike; each side's median round is reported. ``--split`` adds capture without sealing, sealing with a
+checkpoint at every node, and the default pipeline with the SDK's stock exporter (its own encoder),
+to show where the cost goes. Last line:
 ``capture ratio=R plain_us=A agenttape_us=B`` for the default pipeline (what ``setup()`` does).
 """
 
@@ -99,11 +101,16 @@ def bench_plain(endpoint: str, n: int, template) -> tuple[float, float]:
     return cpu * 1e6 / (n + 1), (p1 - p0) * 1e6 / (n + 1)
 
 
-def bench_capture(endpoint: str, n: int, seal: bool = True,
-                  seal_options: dict | None = None) -> tuple[float, float, dict]:
+def bench_capture(endpoint: str, n: int, seal: bool = True, seal_options: dict | None = None,
+                  stock_exporter: bool = False) -> tuple[float, float, dict]:
     import otel_agenttape
 
-    tape = otel_agenttape.setup(endpoint=endpoint, seal=seal, seal_options=seal_options)
+    exporter = None
+    if stock_exporter:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=endpoint + "/v1/traces")
+    tape = otel_agenttape.setup(endpoint=endpoint, seal=seal, seal_options=seal_options, exporter=exporter)
     t0, p0 = time.process_time(), time.thread_time()
     with tape.run(agent="bench") as run:
         for _ in range(n):
@@ -128,18 +135,19 @@ def main() -> None:
                         help="also measure capture without sealing and with a checkpoint at every node")
     args = parser.parse_args()
     seal = not args.no_seal
-    variants: dict[str, tuple[bool, dict | None]] = {"agenttape": (seal, None)}
+    variants: dict[str, tuple[bool, dict | None, bool]] = {"agenttape": (seal, None, False)}
     if args.split:
-        variants["unsealed"] = (False, None)
-        variants["node_checkpoints"] = (True, {"checkpoint_on_nodes": True})
+        variants["unsealed"] = (False, None, False)
+        variants["node_checkpoints"] = (True, {"checkpoint_on_nodes": True}, False)
+        variants["sdk_encoder"] = (seal, None, True)
     sink, endpoint = start_sink()
     try:
         template = template_span()
         size = sum(len(k) + len(str(v)) for k, v in template[2].items())
         print(f"span: {template[0]!r}, {len(template[2])} attributes, ~{size} bytes of attribute data")
         bench_plain(endpoint, 300, template)  # warm up every path
-        for on, options in variants.values():
-            bench_capture(endpoint, 300, on, options)
+        for on, options, stock in variants.values():
+            bench_capture(endpoint, 300, on, options, stock)
         results: dict[str, list[tuple[float, float]]] = {"plain": [], **{k: [] for k in variants}}
         stats: dict = {}
         order = ["plain", *variants]
@@ -148,8 +156,8 @@ def main() -> None:
                 if key == "plain":
                     results[key].append(bench_plain(endpoint, args.spans, template))
                 else:
-                    on, options = variants[key]
-                    total, producer, round_stats = bench_capture(endpoint, args.spans, on, options)
+                    on, options, stock = variants[key]
+                    total, producer, round_stats = bench_capture(endpoint, args.spans, on, options, stock)
                     results[key].append((total, producer))
                     if key == "agenttape":
                         stats = round_stats

@@ -1,0 +1,194 @@
+"""Our OTLP request encoder against the SDK's: same bytes for the same spans, and the exporter that
+uses it delivers through the official HTTP transport."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+
+from otel_agenttape.capture import otlp_wire
+from otel_agenttape.capture.otlp_http import TapeOtlpHttpSpanExporter
+from otel_agenttape.capture.otlp_wire import encode_trace_request
+
+RESOURCE = Resource({"service.name": "planner", "host.id": "h-1"})
+SCOPE = InstrumentationScope("otel_agenttape", "0.1.0", None, {"scope.attr": 1})
+
+
+def ctx(trace_id: int = 0x0AF7651916CD43DD8448EB211C80319C, span_id: int = 0x00F067AA0BA902B7,
+        remote: bool = False, state: TraceState | None = None) -> SpanContext:
+    return SpanContext(trace_id, span_id, is_remote=remote, trace_flags=TraceFlags(1), trace_state=state)
+
+
+def span(attributes=None, *, name="chat gpt-4o", span_id=0x00F067AA0BA902B7, parent=None, events=(), links=(),
+         kind=SpanKind.CLIENT, status=None, resource=RESOURCE, scope=SCOPE, state=None) -> ReadableSpan:
+    return ReadableSpan(name=name, context=ctx(span_id=span_id, state=state), parent=parent,
+                        resource=resource, attributes=attributes, events=events, links=links, kind=kind,
+                        status=status or Status(StatusCode.UNSET), start_time=1_700_000_000_000_000_001,
+                        end_time=1_700_000_000_123_456_789, instrumentation_scope=scope)
+
+
+def assert_same(spans) -> None:
+    ours = encode_trace_request(spans)
+    sdk = encode_spans(spans).SerializeToString()
+    assert ExportTraceServiceRequest.FromString(ours) == ExportTraceServiceRequest.FromString(sdk)
+    assert ours == sdk
+
+
+def test_a_capture_model_span_encodes_like_the_sdk():
+    long_text = "Lisbon in May: Alfama, Belém, Sintra. " * 80
+    attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o", "gen_ai.request.temperature": 0.2,
+             "gen_ai.usage.input_tokens": 412, "gen_ai.usage.output_tokens": 0, "agenttape.model.retry_count": -1,
+             "gen_ai.response.finish_reasons": ("stop",), "gen_ai.output.messages": long_text,
+             "agenttape.truncated": False, "gen_ai.input.messages": "ü" * 300}
+    events = [Event("gen_ai.content.delta", {"text": "Day 1"}, timestamp=1_700_000_000_000_000_500),
+              Event("agenttape.model.retry", {"reason": "429"}, timestamp=1_700_000_000_000_000_900)]
+    parent = ctx(span_id=0x1111111111111111)
+    assert_same([span(attrs, parent=parent, events=events)])
+    # Repeated spans hit the encoding cache and must still agree.
+    assert_same([span(attrs, span_id=i + 1, parent=parent, events=events) for i in range(50)])
+
+
+def test_links_status_trace_state_and_remote_parents():
+    state = TraceState([("vendor", "a1"), ("other", "b=2")])
+    links = [Link(ctx(span_id=0x22, remote=True), {"agenttape.link": "parent_run"}),
+             Link(ctx(span_id=0x33), None)]
+    remote_parent = ctx(span_id=0x44, remote=True)
+    assert_same([span({"k": "v"}, parent=remote_parent, links=links, state=state,
+                      status=Status(StatusCode.ERROR, "tool failed: timeout"), kind=SpanKind.INTERNAL)])
+    assert_same([span(None, status=Status(StatusCode.OK), kind=SpanKind.SERVER, name="")])
+
+
+def test_grouping_by_resource_and_scope_keeps_first_seen_order():
+    other_resource = Resource({"service.name": "researcher"})
+    equal_resource = Resource({"service.name": "planner", "host.id": "h-1"})  # equal, another object
+    other_scope = InstrumentationScope("openinference.instrumentation.openai", "1.0", "https://schema/1.26")
+    spans = [span({"i": 0}, span_id=1), span({"i": 1}, span_id=2, resource=other_resource),
+             span({"i": 2}, span_id=3, scope=other_scope), span({"i": 3}, span_id=4, resource=equal_resource),
+             span({"i": 4}, span_id=5, scope=None)]
+    assert_same(spans)
+    decoded = ExportTraceServiceRequest.FromString(encode_trace_request(spans))
+    assert [len(rs.scope_spans) for rs in decoded.resource_spans] == [3, 1]
+
+
+def test_values_that_compare_equal_keep_their_own_types():
+    # True == 1 == 1.0 and 0.0 == -0.0 in Python: a cache keyed on values alone would mix them up.
+    for value in (True, 1, 1.0, "1", 0.0, -0.0, False, 0, math.inf, -math.inf):
+        assert_same([span({"x": value}, span_id=i + 1) for i in range(3)])
+    decoded = ExportTraceServiceRequest.FromString(encode_trace_request([span({"x": -0.0})]))
+    assert math.copysign(1, decoded.resource_spans[0].scope_spans[0].spans[0].attributes[0].value.double_value) == -1
+
+
+def test_a_key_with_ever_changing_values_stops_growing_the_cache():
+    spans = [span({"agenttape.chain.hash": f"{i:064x}"}, span_id=i + 1) for i in range(200)]
+    assert_same(spans)
+    assert len(otlp_wire._str_cache["agenttape.chain.hash"]) <= otlp_wire._CACHE_PER_KEY
+
+
+def test_unencodable_attributes_are_skipped_like_the_sdk_does(caplog):
+    attrs = {"ok": "yes", "surrogate": "bad \ud800 text", "huge": 1 << 70, "after": 2}
+    with caplog.at_level(logging.ERROR):
+        assert_same([span(attrs)])
+    decoded = ExportTraceServiceRequest.FromString(encode_trace_request([span(attrs)]))
+    assert [kv.key for kv in decoded.resource_spans[0].scope_spans[0].spans[0].attributes] == ["ok", "after"]
+
+
+def test_nested_values_bytes_and_none():
+    attrs = {"seq": ("a", "b"), "ints": [1, -2, 1 << 62], "bools": (True, False), "blob": b"\x00\xff",
+             "map": {"a": 1, "b": {"c": [1.5, None]}}, "none": None, "empty": ()}
+    assert_same([span(attrs)])
+
+
+scalar = st.one_of(st.text(max_size=300), st.integers(-(1 << 63), (1 << 63) - 1), st.booleans(),
+                   st.floats(allow_nan=False), st.binary(max_size=40))
+values = st.one_of(scalar, st.lists(st.text(max_size=20), max_size=4).map(tuple),
+                   st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=4).map(tuple))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.dictionaries(st.text(max_size=12), values, max_size=8), min_size=1, max_size=4))
+def test_random_attributes_encode_like_the_sdk(attribute_sets):
+    assert_same([span(attrs, span_id=i + 1,
+                      events=[Event("e", attrs, timestamp=5)] if i % 2 else ())
+                 for i, attrs in enumerate(attribute_sets)])
+
+
+class _Collector(BaseHTTPRequestHandler):
+    bodies: list[bytes] = []
+
+    def do_POST(self):  # noqa: N802 - http.server API
+        type(self).bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def collector():
+    _Collector.bodies = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_exporter_posts_our_encoding_through_the_official_transport(collector):
+    exporter = TapeOtlpHttpSpanExporter(endpoint=collector)
+    spans = [span({"gen_ai.operation.name": "chat", "n": i}, span_id=i + 1) for i in range(3)]
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    assert _Collector.bodies == [encode_spans(spans).SerializeToString()]
+    exporter.shutdown()
+    assert exporter.export(spans) is SpanExportResult.FAILURE  # the SDK's shutdown rule still holds
+
+
+def test_a_request_over_the_size_limit_is_refused_not_sent(collector, caplog):
+    exporter = TapeOtlpHttpSpanExporter(endpoint=collector, max_request_size=100)
+    with caplog.at_level(logging.WARNING):
+        assert exporter.export([span({"text": "x" * 500})]) is SpanExportResult.FAILURE
+    assert _Collector.bodies == []
+    assert "exceeds max_request_size" in caplog.text
+    exporter.shutdown()
+
+
+def test_an_encoding_failure_falls_back_to_the_sdk_encoder(collector, monkeypatch):
+    def broken(spans):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("otel_agenttape.capture.otlp_http.encode_trace_request", broken)
+    exporter = TapeOtlpHttpSpanExporter(endpoint=collector)
+    spans = [span({"a": "b"})]
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    assert _Collector.bodies == [encode_spans(spans).SerializeToString()]
+    exporter.shutdown()
+
+
+def test_setup_uses_it_for_http(collector):
+    import otel_agenttape
+
+    tape = otel_agenttape.setup(endpoint=collector, seal=False)
+    try:
+        with tape.run(agent="wire") as run:
+            with run.tool_call("search", {"q": "lisbon"}, call_id="c1") as tool:
+                tool.result({"hits": 3})
+        assert tape.force_flush()
+    finally:
+        tape.shutdown()
+    names = [s.name for b in _Collector.bodies for rs in ExportTraceServiceRequest.FromString(b).resource_spans
+             for ss in rs.scope_spans for s in ss.spans]
+    assert sorted(names) == ["execute_tool search", "invoke_agent wire"]
