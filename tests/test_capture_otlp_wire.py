@@ -20,7 +20,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from otel_agenttape.capture import otlp_wire
-from otel_agenttape.capture.otlp_http import TapeOtlpHttpSpanExporter
+from otel_agenttape.capture.otlp_exporters import TapeOtlpHttpSpanExporter
 from otel_agenttape.capture.otlp_wire import encode_trace_request
 
 RESOURCE = Resource({"service.name": "planner", "host.id": "h-1"})
@@ -170,7 +170,7 @@ def test_an_encoding_failure_falls_back_to_the_sdk_encoder(collector, monkeypatc
     def broken(spans):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("otel_agenttape.capture.otlp_http.encode_trace_request", broken)
+    monkeypatch.setattr("otel_agenttape.capture.otlp_exporters.encode_trace_request", broken)
     exporter = TapeOtlpHttpSpanExporter(endpoint=collector)
     spans = [span({"a": "b"})]
     assert exporter.export(spans) is SpanExportResult.SUCCESS
@@ -192,3 +192,38 @@ def test_setup_uses_it_for_http(collector):
     names = [s.name for b in _Collector.bodies for rs in ExportTraceServiceRequest.FromString(b).resource_spans
              for ss in rs.scope_spans for s in ss.spans]
     assert sorted(names) == ["execute_tool search", "invoke_agent wire"]
+
+
+def test_the_grpc_exporter_sends_our_encoding_and_survives_a_reconnect():
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    from otel_agenttape.capture.otlp_exporters import TapeOtlpGrpcSpanExporter
+
+    received: list[bytes] = []
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        calls = 0
+
+        def Export(self, request, context):  # noqa: N802 - gRPC API
+            Service.calls += 1
+            if Service.calls == 1:  # the exporter must reconnect (rebuilding its client) and retry
+                context.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
+            received.append(request.SerializeToString())
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        exporter = TapeOtlpGrpcSpanExporter(endpoint=f"127.0.0.1:{port}", insecure=True)
+        spans = [span({"gen_ai.operation.name": "execute_tool", "n": i}, span_id=i + 1) for i in range(3)]
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+        assert Service.calls == 2
+        assert received == [encode_spans(spans).SerializeToString()]
+        exporter.shutdown()
+    finally:
+        server.stop(None)

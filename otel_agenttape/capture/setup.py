@@ -164,16 +164,16 @@ def _parse_headers(headers: Mapping[str, str] | str | None) -> dict[str, str] | 
 def make_exporter(endpoint: str | None = None, protocol: str | None = None, *,
                   headers: Mapping[str, str] | str | None = None, timeout: float | None = None,
                   compression: str | None = None, insecure: bool | None = None) -> SpanExporter:
-    """The official OTLP span exporter (over HTTP, with our faster request encoding, see
-    ``otlp_http``). Unset arguments fall back to the OTEL_EXPORTER_OTLP_* variables,
+    """The official OTLP span exporter, with our faster request encoding (see ``otlp_exporters``). Unset arguments fall back to the OTEL_EXPORTER_OTLP_* variables,
     which the exporters read themselves (endpoint, headers, timeout, compression, certificates)."""
     protocol = protocol or _env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     parsed_headers = _parse_headers(headers)
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
         from opentelemetry.exporter.otlp.proto.grpc.exporter import Compression as GrpcCompression
+
+        from otel_agenttape.capture.otlp_exporters import TapeOtlpGrpcSpanExporter as GrpcExporter
 
         kwargs: dict[str, Any] = {"endpoint": endpoint, "headers": parsed_headers, "timeout": timeout,
                                   "insecure": insecure}
@@ -183,7 +183,7 @@ def make_exporter(endpoint: str | None = None, protocol: str | None = None, *,
         return GrpcExporter(**{k: v for k, v in kwargs.items() if v is not None})
     from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
 
-    from otel_agenttape.capture.otlp_http import TapeOtlpHttpSpanExporter as HttpExporter
+    from otel_agenttape.capture.otlp_exporters import TapeOtlpHttpSpanExporter as HttpExporter
 
     if endpoint is not None:
         parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")

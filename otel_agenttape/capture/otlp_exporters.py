@@ -1,8 +1,8 @@
-"""The official OTLP/HTTP span exporter, with requests encoded by ``otlp_wire``.
+"""The official OTLP span exporters (HTTP and gRPC), with requests encoded by ``otlp_wire``.
 
-Everything but the encoding is the SDK exporter's own: endpoint and header resolution, the
-``OTEL_EXPORTER_OTLP_*`` variables, compression, TLS, retries with backoff, the request size limit
-and its self-metrics. The wire bytes are the same the SDK encoder produces (tests compare them);
+Everything but the encoding is the SDK exporters' own: endpoint and header resolution, the
+``OTEL_EXPORTER_OTLP_*`` variables, compression, TLS, retries with backoff (and gRPC reconnects),
+the request size limit and their self-metrics. The wire bytes are the same the SDK encoder produces (tests compare them);
 they cost about a third of the CPU. Should a later exporter release move the internals this relies
 on, or should encoding ever fail, the export falls back to the SDK's own path.
 """
@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
@@ -61,3 +65,36 @@ class TapeOtlpHttpSpanExporter(OTLPSpanExporter):
                 result.error_attrs = {HTTP_RESPONSE_STATUS_CODE: status} if status is not None else None
                 return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
+
+
+_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+class _SerializedTraceStub:
+    """A TraceService client whose requests are already serialized bytes."""
+
+    def __init__(self, channel: Any) -> None:
+        self.Export = channel.unary_unary(  # noqa: N815 - the gRPC stub's method name
+            _EXPORT_METHOD, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+
+
+class TapeOtlpGrpcSpanExporter(GrpcSpanExporter):
+    """``OTLPSpanExporter`` (gRPC) whose request encoding is ``encode_trace_request``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._serialized = False
+        if hasattr(self, "_stub") and getattr(self, "_client", None) is not None and hasattr(self, "_channel"):
+            # the base class rebuilds the client from ``_stub`` when it reconnects
+            self._stub = _SerializedTraceStub
+            self._client = _SerializedTraceStub(self._channel)
+            self._serialized = True
+
+    def _translate_data(self, data: Sequence[ReadableSpan]) -> Any:
+        if not self._serialized:
+            return super()._translate_data(data)
+        try:
+            return encode_trace_request(data)
+        except Exception:  # noqa: BLE001 - the SDK encoder decides what to do with it
+            return encode_spans(data).SerializeToString()
