@@ -9,11 +9,14 @@ from otel_agenttape.integrity import (
     Entry,
     Signer,
     genesis,
+    link_from_leaf_hash,
     link_hash,
+    merkle,
     parse_notes,
     sign_note,
     verify_chain,
 )
+from otel_agenttape.integrity.chain import genesis_v1
 from otel_agenttape.integrity.checkpoint import Checkpoint
 
 
@@ -27,12 +30,30 @@ def _tape(n: int, chain_id: str = "t1", epoch: int = 0):
     return chain, entries
 
 
-def test_link_is_sha256_of_prev_bar_leaf_and_genesis_binds_the_tape() -> None:
-    assert link_hash("ab", b"{}") == hashlib.sha256(b"ab|{}").hexdigest()
+def test_link_is_sha256_of_prev_bar_merkle_leaf_hash_and_genesis_binds_the_tape() -> None:
+    # chain format v2: the leaf enters the link as the hex of its RFC 9162 leaf hash SHA-256(0x00 || leaf)
+    leaf_h = hashlib.sha256(b"\x00{}").digest()
+    assert link_hash("ab", b"{}") == hashlib.sha256(b"ab|" + leaf_h.hex().encode()).hexdigest()
+    assert link_from_leaf_hash("ab", leaf_h) == link_hash("ab", b"{}")
+    assert genesis("a") == hashlib.sha256(b"agenttape/genesis/v2\nagenttape.dev/tape/a\n").hexdigest()
     assert genesis("a") != genesis("b") != genesis("a", 1)
     assert genesis("a") != "0" * 64
-    _, entries = _tape(3)
+    chain, entries = _tape(3)
     assert entries[0].prev == genesis("t1") and entries[1].prev == entries[0].hash
+    assert entries[2].hash == link_hash(entries[1].hash, entries[2].leaf) == chain.head
+    assert chain.root() == merkle.root([merkle.leaf_hash(e.leaf) for e in entries])
+
+
+def test_a_format_v1_tape_is_named_as_such() -> None:
+    """A tape sealed with links over the leaf bytes starts from the v1 genesis: said so, not "spliced"."""
+    prev, entries = genesis_v1("t1"), []
+    for i in range(3):
+        leaf = f'{{"n":{i}}}'.encode()
+        h = hashlib.sha256(prev.encode() + b"|" + leaf).hexdigest()
+        entries.append(Entry(i, prev, h, leaf))
+        prev = h
+    r = verify_chain("t1", 0, entries)
+    assert not r.valid and r.first_broken_index == 0 and "format v1" in r.reason
 
 
 def test_untouched_tape_verifies() -> None:

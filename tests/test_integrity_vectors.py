@@ -1,8 +1,10 @@
-"""Leaf test vectors (tests/vectors/leaf): row, OTLP JSON and chain fields give the recorded bytes."""
+"""Leaf test vectors (tests/vectors/leaf, written by tests/vectors/make_leaf_vectors.py): row, OTLP JSON and
+chain fields give the recorded bytes."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 
@@ -34,4 +36,15 @@ def test_leaf_vector(path: Path) -> None:
     assert leaf_from_proto(span) == leaf
     c = v["chain"]
     assert genesis(c["chain_id"], c["epoch"]) == c["genesis"] == c["prev"]
+    # chain format v2: the link hashes the hex of the Merkle leaf hash, not the leaf bytes
+    assert hashlib.sha256(f"{c['prev']}|{v['merkle_leaf_hash']}".encode()).hexdigest() == c["hash"]
     assert link_hash(c["prev"], leaf) == c["hash"]
+
+
+def test_vectors_are_what_the_generator_writes() -> None:
+    path = Path(__file__).parent / "vectors" / "make_leaf_vectors.py"
+    spec = importlib.util.spec_from_file_location("make_leaf_vectors", path)
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.main(["--check"]) == 0

@@ -57,12 +57,12 @@ class SealedSpan(ReadableSpan):
     """A copy of an ended span with other attributes (and events), keeping its dropped counts."""
 
     def __init__(self, span: ReadableSpan, attributes: dict[str, Any], events: tuple | None = None) -> None:
-        d = self.__dict__
-        d.update(span.__dict__)  # one shallow copy; the dropped counts are read from the original
+        d = span.__dict__.copy()  # one shallow copy; the dropped counts are read from the original
         d["_original"] = span
         d["_attributes"] = attributes
         if events is not None:
             d["_events"] = events
+        self.__dict__ = d
 
     @property
     def dropped_attributes(self) -> int:
@@ -91,6 +91,7 @@ class _Tape:
     __slots__ = (
         "chain",
         "chain_id",
+        "cp_base",
         "from_run",
         "last_cp_size",
         "last_cp_time",
@@ -110,6 +111,7 @@ class _Tape:
         self.chain: Chain | None = None
         self.resource: Any = None
         self.last_cp_size = -1
+        self.cp_base = 0  # max(last_cp_size, 0): the cadence counts from here
         self.last_cp_time = time.monotonic()
         self.restore_ext: str | None = None
 
@@ -146,6 +148,7 @@ class SealingSpanProcessor(SpanProcessor):
         fsync: bool = False,
     ) -> None:
         self.next_processor = next_processor
+        self._next_on_ending = getattr(next_processor, "_on_ending", None)
         if signing_key is None and os.environ.get("AGENTTAPE_SIGNING_KEY"):
             signing_key = os.environ["AGENTTAPE_SIGNING_KEY"]
         signer = load_signer(signing_key)
@@ -178,13 +181,16 @@ class SealingSpanProcessor(SpanProcessor):
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         try:
-            self._register(span)
+            tape = self._tapes.get(span.context.trace_id)
+            # the common case inside a run: nothing to record (these fields are only ever set once)
+            if tape is None or tape.root_span_id is None or not (tape.from_run or tape.chain is not None):
+                self._register(span)
             self.next_processor.on_start(span, parent_context=parent_context)
         except Exception:  # never into the agent
             self.errors += 1
 
     def _on_ending(self, span: Any) -> None:
-        hook = getattr(self.next_processor, "_on_ending", None)
+        hook = self._next_on_ending
         if hook is not None:
             hook(span)
 
@@ -270,16 +276,17 @@ class SealingSpanProcessor(SpanProcessor):
             if chain is None:
                 opening = self._open_chain(tape)
                 chain = tape.chain
-            link = chain.append(leaf)
-            tape.resource = span.resource
+            cid, epoch, seq, prev, h = chain.append(leaf)
+            if tape.resource is None:
+                tape.resource = span.resource
             self.sealed += 1
             closing = ctx.span_id == tape.root_span_id
             due = None
             if (
                 closing
-                or chain.size - max(tape.last_cp_size, 0) >= self.checkpoint_every
-                or (self.checkpoint_on_nodes and attrs.get(semconv.NODE_TYPE) in NODE_TYPES)
+                or chain.size - tape.cp_base >= self.checkpoint_every
                 or now - tape.last_cp_time >= self.checkpoint_interval_s
+                or (self.checkpoint_on_nodes and attrs.get(semconv.NODE_TYPE) in NODE_TYPES)
             ):
                 due = self._snapshot(tape, now)
             if closing:
@@ -289,11 +296,13 @@ class SealingSpanProcessor(SpanProcessor):
         if self._timer is None:
             self._ensure_timer()
         # the forwarded copy: one new attribute dict, one shallow copy of the span
-        return SealedSpan(span, {
-            **attrs,
-            _CHAIN_ID: link.chain_id, _CHAIN_SEQ: link.seq, _CHAIN_PREV: link.prev,
-            _CHAIN_HASH: link.hash, _CHAIN_EPOCH: link.epoch,
-        }, events), due
+        out = attrs.copy()
+        out[_CHAIN_ID] = cid
+        out[_CHAIN_SEQ] = seq
+        out[_CHAIN_PREV] = prev
+        out[_CHAIN_HASH] = h
+        out[_CHAIN_EPOCH] = epoch
+        return SealedSpan(span, out, events), due
 
     def _open_chain(self, tape: _Tape) -> tuple | None:
         last = self._last_epochs.get(tape.chain_id)
@@ -315,7 +324,7 @@ class SealingSpanProcessor(SpanProcessor):
         chain = tape.chain
         if chain is None or chain.size == tape.last_cp_size:
             return None
-        tape.last_cp_size = chain.size
+        tape.last_cp_size = tape.cp_base = chain.size
         tape.last_cp_time = now
         ext = [f"chain {chain.head}"]
         if chain.size == 0 and tape.restore_ext:

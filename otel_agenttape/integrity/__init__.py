@@ -3,7 +3,7 @@
 Pure code (no SDK servers, no DuckDB). ``docs/integrity.md`` specifies the formats.
 """
 
-from otel_agenttape.integrity.chain import Chain, Link, genesis, link_hash
+from otel_agenttape.integrity.chain import Chain, Link, genesis, link_from_leaf_hash, link_hash
 from otel_agenttape.integrity.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -67,6 +67,7 @@ __all__ = [
     "leaf_from_row",
     "leaf_from_sdk",
     "leaf_hash",
+    "link_from_leaf_hash",
     "link_hash",
     "open_note",
     "origin_for",

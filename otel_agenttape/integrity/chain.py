@@ -1,9 +1,13 @@
-"""The per-tape hash chain: ``hash_i = sha256(prev || "|" || leaf_i)`` in lowercase hex.
+"""The per-tape hash chain (format v2): ``hash_i = sha256(prev || "|" || hex(leaf_hash(leaf_i)))``.
 
-As in the baseline design, but the genesis ``prev`` of seq 0 is not 64 zeros: it is
-``sha256("agenttape/genesis/v1\\n" || origin || "\\n")`` where the origin names the tape and its epoch
+The baseline rule ``sha256(prev || "|" || leaf)`` with ``leaf`` taken to be the leaf's RFC 9162 Merkle
+leaf hash ``SHA-256(0x00 || leaf)`` in lowercase hex: the one SHA-256 over the (kilobytes long) leaf
+feeds both the chain link and the Merkle tree, and the link itself hashes 130 bytes.
+The genesis ``prev`` of seq 0 is not 64 zeros: it is
+``sha256("agenttape/genesis/v2\\n" || origin || "\\n")`` where the origin names the tape and its epoch
 (``checkpoint.origin_for``), so a prefix of one tape is never a valid prefix of another, and a
-restored tape (a new epoch) never continues the old chain silently.
+restored tape (a new epoch) never continues the old chain silently. The ``v2`` names the link rule:
+a tape sealed with format v1 (links over the leaf bytes) starts from ``genesis_v1`` instead.
 """
 
 from __future__ import annotations
@@ -12,19 +16,31 @@ import hashlib
 from typing import NamedTuple
 
 from otel_agenttape.integrity.checkpoint import origin_for
-from otel_agenttape.integrity.merkle import CompactRange, leaf_hash
+from otel_agenttape.integrity.merkle import CompactRange
 
 _sha256 = hashlib.sha256
+_tuple_new = tuple.__new__
+CHAIN_FORMAT = 2
 
 
 def genesis(chain_id: str, epoch: int = 0) -> str:
     """The ``prev`` of seq 0 for a tape (chain id) and epoch."""
+    return _sha256(b"agenttape/genesis/v2\n" + origin_for(chain_id, epoch).encode("utf-8") + b"\n").hexdigest()
+
+
+def genesis_v1(chain_id: str, epoch: int = 0) -> str:
+    """The genesis of chain format v1, only to name such a tape when it is met."""
     return _sha256(b"agenttape/genesis/v1\n" + origin_for(chain_id, epoch).encode("utf-8") + b"\n").hexdigest()
 
 
+def link_from_leaf_hash(prev: str, leaf_h: bytes) -> str:
+    """``sha256(prev || "|" || hex(leaf_h))`` as lowercase hex, from a Merkle leaf hash."""
+    return _sha256((prev + "|" + leaf_h.hex()).encode("ascii")).hexdigest()
+
+
 def link_hash(prev: str, leaf: bytes) -> str:
-    """``sha256(prev || "|" || leaf)`` as lowercase hex; ``prev`` is the previous hash in hex."""
-    return _sha256(prev.encode("ascii") + b"|" + leaf).hexdigest()
+    """The link of ``leaf`` after ``prev`` (lowercase hex): ``link_from_leaf_hash(prev, leaf_hash(leaf))``."""
+    return _sha256((prev + "|" + _sha256(b"\x00" + leaf).hexdigest()).encode("ascii")).hexdigest()
 
 
 class Link(NamedTuple):
@@ -51,13 +67,14 @@ class Chain:
         self.tree = CompactRange()
 
     def append(self, leaf: bytes) -> Link:
+        lh = _sha256(b"\x00" + leaf).digest()  # the one hash over the leaf bytes
         prev = self.head
-        h = link_hash(prev, leaf)
-        link = Link(self.chain_id, self.epoch, self.size, prev, h)
+        h = _sha256((prev + "|" + lh.hex()).encode("ascii")).hexdigest()
+        seq = self.size
         self.head = h
-        self.size += 1
-        self.tree.append(leaf_hash(leaf))
-        return link
+        self.size = seq + 1
+        self.tree.append(lh)
+        return _tuple_new(Link, (self.chain_id, self.epoch, seq, prev, h))
 
     def root(self) -> bytes:
         return self.tree.root()

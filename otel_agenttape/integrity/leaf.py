@@ -279,7 +279,7 @@ def leaf_from_sdk(span: Any) -> bytes:
     """Leaf of a live SDK span: the fast path below, else ``leaf_bytes(project_sdk(span))``."""
     try:
         leaf = _fast_leaf_sdk(span)
-    except (_General, AttributeError):  # AttributeError: not the SDK's ReadableSpan layout
+    except (_General, AttributeError, OverflowError):  # AttributeError: not the SDK's ReadableSpan layout
         leaf = None
     return leaf if leaf is not None else leaf_bytes(project_sdk(span))
 
@@ -291,16 +291,31 @@ def leaf_from_sdk(span: Any) -> bytes:
 # order is RFC 8785's UTF-16 order unless a key holds a character above U+FFFF, so the fast path only
 # takes attribute sets whose keys have none, whose values are scalars or arrays of scalars (no nested
 # map to sort), and which hold no ``agenttape.chain.*`` key; anything else returns ``None`` and the
-# general path decides (and raises what it raises). ``tests/test_integrity_fastpath.py`` checks both
-# paths give the same bytes.
+# general path decides (and raises what it raises). Keys that passed these checks are remembered, so
+# a span whose keys were all seen before is checked with one set operation.
+# ``tests/test_integrity_fastpath.py`` checks both paths give the same bytes.
 
 _SORTED = orjson.OPT_SORT_KEYS
 _dumps = orjson.dumps
 _INF = math.inf
+_SPAN_KEYS: set[str] = set()  # keys fit for the fast path in a span's attributes
+_OTHER_KEYS: set[str] = set()  # likewise in event and link attributes (chain keys allowed there)
+_MAX_KEYS = 1 << 16  # bound on each set: start over past it (keys are only a cache)
 
 
 class _General(Exception):
     """A value the fast path leaves to the general projection."""
+
+
+def _learn_keys(attrs: Mapping[str, Any], known: set[str], skip_chain: bool) -> None:
+    for k in attrs:
+        if type(k) is not str or (not k.isascii() and max(k) > "\uffff"):
+            raise _General
+        if skip_chain and k.startswith(_CHAIN_PREFIX):
+            raise _General
+    if len(known) > _MAX_KEYS:
+        known.clear()
+    known.update(attrs)
 
 
 def _fast_other(v: Any) -> dict[str, Any]:
@@ -334,26 +349,33 @@ def _fast_attrs(attrs: Mapping[str, Any], skip_chain: bool) -> dict[str, Any]:
     """Typed attributes in insertion order (orjson sorts them); raises ``_General`` when it cannot."""
     if not attrs:
         return {}
-    try:
-        keys = "\n".join(attrs)
-    except TypeError:  # a non-string key
-        raise _General from None
-    if not keys.isascii() and max(keys) > "\uffff":
-        raise _General
-    if skip_chain and _CHAIN_PREFIX in keys:
-        raise _General
-    return {k: {"s": v} if type(v) is str else _fast_other(v) for k, v in attrs.items()}
+    known = _SPAN_KEYS if skip_chain else _OTHER_KEYS
+    if not known.issuperset(attrs):
+        _learn_keys(attrs, known, skip_chain)
+    out = {}
+    for k, v in attrs.items():  # strings and int64 ints inline: most values are one of those
+        t = type(v)
+        if t is str:
+            out[k] = {"s": v}
+        elif t is int and INT64_MIN <= v <= INT64_MAX:
+            out[k] = {"i": str(v)}
+        else:
+            out[k] = _fast_other(v)
+    return out
 
 
 def _fast_leaf_sdk(span: Any) -> bytes | None:
     attrs = _fast_attrs(_raw(span), True)
     evs = span._events
     evs = getattr(evs, "_dq", evs)  # an SDK BoundedList: its deque (the span has ended; no copy needed)
-    events = [
-        {"attributes": _fast_attrs(_raw(e), False), "dropped_attributes_count": e.dropped_attributes,
-         "name": e._name, "time_unix_nano": str(e._timestamp)}
-        for e in evs
-    ] if evs else []
+    events = []
+    if evs:
+        for e in evs:
+            ea = e._attributes  # an Event's BoundedAttributes (or a plain mapping, or None)
+            ea = getattr(ea, "_dict", ea)
+            events.append({"attributes": _fast_attrs(ea, False) if ea else {},
+                           "dropped_attributes_count": e.dropped_attributes,
+                           "name": e._name, "time_unix_nano": str(e._timestamp)})
     lks = span._links
     lks = getattr(lks, "_dq", lks)
     links = [
@@ -376,11 +398,12 @@ def _fast_leaf_sdk(span: Any) -> bytes | None:
             "kind": span._kind._value_ + 1,
             "links": links,
             "name": span._name,
-            "parent_span_id": f"{parent.span_id:016x}" if parent is not None else "",
-            "span_id": f"{ctx.span_id:016x}",
+            # ids as 8 / 16 big-endian bytes in hex (an id out of range: OverflowError, general path)
+            "parent_span_id": parent.span_id.to_bytes(8, "big").hex() if parent is not None else "",
+            "span_id": ctx.span_id.to_bytes(8, "big").hex(),
             "start_time_unix_nano": str(span._start_time),
             "status": {"code": status.status_code._value_, "message": status.description or ""},
-            "trace_id": f"{ctx.trace_id:032x}",
+            "trace_id": ctx.trace_id.to_bytes(16, "big").hex(),
             "trace_state": _sdk_trace_state(ts) if ts else "",
             "v": LEAF_VERSION,
         }, option=_SORTED)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 HASH_SIZE = 32
 EMPTY_ROOT = hashlib.sha256(b"").digest()
+_sha256 = hashlib.sha256
 
 
 class ProofError(ValueError):
@@ -21,11 +22,11 @@ class ProofError(ValueError):
 
 
 def leaf_hash(leaf: bytes) -> bytes:
-    return hashlib.sha256(b"\x00" + leaf).digest()
+    return _sha256(b"\x00" + leaf).digest()
 
 
 def node_hash(left: bytes, right: bytes) -> bytes:
-    return hashlib.sha256(b"\x01" + left + right).digest()
+    return _sha256(b"\x01" + left + right).digest()
 
 
 class CompactRange:
@@ -38,14 +39,18 @@ class CompactRange:
         self._stack: list[bytes] = []  # perfect subtree roots, largest first
 
     def append(self, lh: bytes) -> None:
-        stack = self._stack
-        stack.append(lh)
         n = self.size
+        self.size = n + 1
+        if not n & 1:
+            self._stack.append(lh)  # half of all appends: no node to hash
+            return
+        stack = self._stack
+        h = _sha256(b"\x01" + stack.pop() + lh).digest()
+        n >>= 1
         while n & 1:
-            right = stack.pop()
-            stack[-1] = node_hash(stack[-1], right)
+            h = _sha256(b"\x01" + stack.pop() + h).digest()
             n >>= 1
-        self.size += 1
+        stack.append(h)
 
     def root(self) -> bytes:
         if not self._stack:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from otel_agenttape.integrity.chain import genesis, link_hash
+from otel_agenttape.integrity.chain import genesis, genesis_v1, link_from_leaf_hash
 from otel_agenttape.integrity.checkpoint import Checkpoint, CheckpointError, origin_for
 from otel_agenttape.integrity.merkle import CompactRange, leaf_hash
 from otel_agenttape.integrity.note import NoteError, Verifier, open_note, split_note
@@ -37,9 +37,10 @@ class Entry:
     def compact(self) -> Entry:
         """Precompute both hashes and drop the leaf bytes (keeps a million entries small)."""
         if self.leaf is not None:
+            lh = leaf_hash(self.leaf)
             if self.prev is not None:
-                self.computed_hash = link_hash(self.prev, self.leaf)
-            self.merkle_leaf = leaf_hash(self.leaf)
+                self.computed_hash = link_from_leaf_hash(self.prev, lh)
+            self.merkle_leaf = lh
             self.leaf = None
         return self
 
@@ -135,20 +136,24 @@ def verify_chain(
             k = hash_to_seq.get(e.prev or "")
             if k is not None and k != s - 1:
                 issues.append(Issue(s, TAMPER, f"seq {s} links to seq {k}: entries reordered"))
+            elif s == 0 and e.prev == genesis_v1(chain_id, epoch):
+                issues.append(Issue(0, TAMPER, "seq 0 starts from a chain format v1 genesis: sealed by an older "
+                                               "version (links over leaf bytes), not verifiable here"))
             elif s == 0:
                 issues.append(Issue(0, TAMPER, "seq 0 does not start from this tape's genesis: spliced or foreign tape"))
             else:
                 issues.append(Issue(s, TAMPER, f"seq {s} does not link to seq {s - 1}: entry removed, replaced or spliced"))
+        lh = e.merkle_leaf or (leaf_hash(e.leaf) if e.leaf is not None else None)
         if e.problem:
             issues.append(Issue(s, TAMPER, f"seq {s}: {e.problem}"))
-        elif (e.leaf is None and e.merkle_leaf is None) or e.prev is None or e.hash is None:
+        elif lh is None or e.prev is None or e.hash is None:
             issues.append(Issue(s, TAMPER, f"seq {s}: chain fields or content missing"))
-        elif (e.computed_hash or link_hash(e.prev, e.leaf)) != e.hash:  # type: ignore[arg-type]
+        elif (e.computed_hash or link_from_leaf_hash(e.prev, lh)) != e.hash:
             issues.append(Issue(s, TAMPER, f"leaf hash mismatch at seq {s}: span content edited"))
         expected_prev = e.hash
         last = s
         leaves.extend([None] * (s - len(leaves)))
-        leaves.append(e.merkle_leaf or (leaf_hash(e.leaf) if e.leaf is not None else None))
+        leaves.append(lh)
     length = last + 1
 
     # Merkle roots at each checkpoint size of this origin (computable up to the first gap).

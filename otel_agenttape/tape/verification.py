@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from otel_agenttape import semconv
-from otel_agenttape.integrity.chain import link_hash
+from otel_agenttape.integrity.chain import link_from_leaf_hash
 from otel_agenttape.integrity.checkpoint import parse_origin, read_checkpoint_file
 from otel_agenttape.integrity.leaf import LEAF_VERSION, leaf_bytes, project_row
 from otel_agenttape.integrity.merkle import leaf_hash
@@ -175,10 +175,11 @@ def _batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[CompactEntry]:
                     "trace_state": ts or "",
                     "v": LEAF_VERSION,
                 }, option=_SORTED)
-                if link_hash(prev, leaf) == hsh:
+                lh = leaf_hash(leaf)
+                if link_from_leaf_hash(prev, lh) == hsh:
                     # one shared object per repeated value keeps the pickled result small
                     cid = interned.setdefault(cid, cid)
-                    append((cid, ep, seq, prev, hsh, hsh, leaf_hash(leaf), sid, tid, None))
+                    append((cid, ep, seq, prev, hsh, hsh, lh, sid, tid, None))
                     continue
         except Exception:  # noqa: BLE001, S110 - anything odd: the general path below decides
             pass
