@@ -106,15 +106,22 @@ def _query_count(port: int) -> int:
     return int(pa.ipc.open_stream(data).read_all().column(0)[0].as_py())
 
 
-def _stored_counter(port: int) -> int:
+def _metrics(port: int) -> dict[str, float]:
+    """Unlabelled samples of ``/metrics`` by name."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     conn.close()
+    out = {}
     for line in text.splitlines():
-        if line.startswith("agenttape_spans_stored_total"):
-            return int(float(line.split()[-1]))
-    return 0
+        if line and not line.startswith("#") and "{" not in line:
+            name, _, value = line.partition(" ")
+            out[name] = float(value)
+    return out
+
+
+def _stored_counter(port: int) -> int:
+    return int(_metrics(port).get("agenttape_spans_stored_total", 0))
 
 
 def _tree_cpu_seconds(pid: int) -> tuple[float, float]:
@@ -186,6 +193,11 @@ def run_agenttape(args: argparse.Namespace) -> tuple[float, float, float]:
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
         rss = _peak_rss_mb(proc.pid)
         rate = total / (t_end - t0)
+        m = _metrics(port)
+        writes = m.get("agenttape_store_write_seconds_count", 0)
+        if writes:  # the store commits once per batch: fewer, larger batches cost DuckDB less per span
+            print(f"store: {writes:.0f} batched writes, {total / writes:.0f} spans and "
+                  f"{m.get('agenttape_store_write_seconds_sum', 0) / writes * 1000:.0f} ms each", file=sys.stderr)
         retries = sum(o["retries"] for o in outs)
         print(f"agenttape: {total} spans, all acked after {t_acked - t0:.2f}s, queryable after {t_end - t0:.2f}s, "
               f"{retries} throttled attempts, p50 ack {lat[len(lat) // 2] * 1000:.1f} ms, "

@@ -113,3 +113,81 @@ def test_stalled_writer_refuses_at_once(tmp_path):
     p.close()
     wal.close(applied_all=True)
     inner.close()
+
+
+def test_requests_prepared_in_a_worker_answer_like_the_main_process(tmp_path):
+    """With the pool running, bodies are decoded, validated and converted in a worker: same verdicts
+    (rows, partial success, 400) as in the main process, and the hand-off folder goes with the pool."""
+    import os
+
+    from otel_agenttape.receiver.decode import JSON, PROTOBUF, DecodeError
+    from otel_agenttape.receiver.prepare import prepare
+    from otel_agenttape.store import otlpwire
+
+    store = Store(str(tmp_path / "w.duckdb"))
+    wal = WriteAheadLog(tmp_path / "wal")
+    pool = ConvertPool(1)
+    pool.start()
+    p = IngestPipeline(store, wal, Metrics(), pool=pool)
+    good = trace_request(5, attrs={"gen_ai.request.model": "m", "n": 3})
+    bad = otlpwire.parse_traces(good.SerializeToString())
+    bad.resource_spans[0].scope_spans[0].spans[1].trace_id = b"\x01" * 3
+    broken = otlpwire.parse_traces(good.SerializeToString())
+    broken.resource_spans[0].scope_spans[0].spans[2].attributes.append(b"\x0a\x02\xff\xfe")
+    cases = [(KIND_TRACES, good.SerializeToString(), PROTOBUF), (KIND_TRACES, bad.SerializeToString(), PROTOBUF),
+             (KIND_LOGS, logs_request(3).SerializeToString(), PROTOBUF),
+             (KIND_TRACES, b'{"resourceSpans": []}', JSON)]
+    for kind, body, media in cases:
+        here, there = prepare(kind, body, media), p.prepare(kind, body, media)
+        assert (there.accepted, there.rejected, there.message, there.payload) == (
+            here.accepted, here.rejected, here.message, here.payload)
+        if here.tables is not None:
+            for name, table in here.tables.as_dict().items():
+                assert there.tables.as_dict()[name].equals(table), name
+    v = p.prepare(KIND_TRACES, bad.SerializeToString(), PROTOBUF)
+    assert (v.accepted, v.rejected) == (4, 1) and "trace_id must be 16 bytes" in v.message
+    assert len(span_keys(_parse(v.payload))) == 4  # the WAL gets the valid spans only
+    for body in (broken.SerializeToString(), b"\x0a\xff\xff"):
+        with pytest.raises(DecodeError):
+            p.prepare(KIND_TRACES, body, PROTOBUF)
+    folder = pool._spool
+    assert folder is not None and os.listdir(folder) == []  # every hand-off file was taken
+    p.close()
+    assert not os.path.exists(folder)
+    wal.close(applied_all=True)
+    store.close()
+
+
+def _parse(payload):
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    return ExportTraceServiceRequest.FromString(payload)
+
+
+def test_a_dead_worker_costs_no_request(tmp_path):
+    import os
+    import signal
+
+    from otel_agenttape.receiver.decode import PROTOBUF
+
+    store = Store(str(tmp_path / "k.duckdb"))
+    wal = WriteAheadLog(tmp_path / "wal")
+    pool = ConvertPool(1)
+    pool.start()
+    p = IngestPipeline(store, wal, Metrics(), pool=pool)
+    (pid,) = list(pool._pool._processes)
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    req = trace_request(3)
+    v = p.prepare(KIND_TRACES, req.SerializeToString(), PROTOBUF)  # prepared here instead
+    assert v.accepted == 3 and v.tables.spans.num_rows == 3
+    deadline = time.monotonic() + 30
+    while not pool.running and time.monotonic() < deadline:  # new workers replace the broken pool
+        time.sleep(0.1)
+    assert pool.running and pid not in pool._pool._processes
+    assert p.prepare(KIND_TRACES, req.SerializeToString(), PROTOBUF).accepted == 3
+    p.close()
+    wal.close(applied_all=True)
+    store.close()

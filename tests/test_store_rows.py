@@ -180,3 +180,60 @@ def test_concat_keeps_each_span_log_and_resource_once():
     logs = rows.logs_to_tables([_logs_request()])
     both = rows.concat([logs, logs])
     assert both.log_records.num_rows == logs.log_records.num_rows and both.in_batch_duplicates == logs.log_records.num_rows
+
+
+def _reference_attrs(span) -> str:
+    return anyvalue.dumps(anyvalue.attrs_from_proto(span.attributes))
+
+
+def test_wire_reading_matches_the_shared_encoding_for_any_layout():
+    """Attributes read as raw KeyValue bytes (cached or not, canonical or not) encode exactly like
+    ``anyvalue`` over the parsed OTLP message; promoted columns follow the last duplicate."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+    from otel_agenttape.store import otlpwire
+
+    wire = otlpwire.parse_traces(_typed_spans()[0].SerializeToString())
+    spans = wire.resource_spans[0].scope_spans[0].spans
+    for sp in spans:
+        sp.attributes.append(KeyValue(key=sc.GEN_AI_REQUEST_MODEL, value={"string_value": "m-1"}).SerializeToString())
+        sp.attributes.append(KeyValue(key="long", value={"string_value": "x\"\n" * 200}).SerializeToString())
+        sp.attributes.append(KeyValue(key=sc.GEN_AI_REQUEST_MODEL, value={"string_value": "m-2"}).SerializeToString())
+        # value before key, and an unknown field: still one KeyValue
+        sp.attributes.append(b"\x12\x03\x18\xd2\x09" + b"\x0a\x04late" + b"\x28\x01")
+        sp.attributes.append(KeyValue(key=sc.GEN_AI_PROVIDER_NAME).SerializeToString())  # empty: gen_ai.system backs it
+    body = wire.SerializeToString()
+    for _ in range(2):  # cold and warm caches
+        t = rows.traces_to_tables([body])
+        by_id = {r["span_id"]: r for r in t.spans.to_pylist()}
+        for sp in ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans:
+            row = by_id[sp.span_id.hex()]
+            assert row["attributes"] == _reference_attrs(sp)
+            assert orjson.loads(row["attributes"])["late"] == {"i": "1234"}
+            assert row["request_model"] == "m-2"
+    child = next(r for r in t.spans.to_pylist() if r["name"] == "chat m")
+    assert child["provider_name"] == "openai" and child["input_tokens"] == 12 and child["step"] == 4
+
+
+def test_wire_reading_rejects_what_otlp_rejects_and_counts_bad_ids():
+    import pytest
+    from google.protobuf.message import DecodeError
+
+    from otel_agenttape.store import otlpwire
+
+    body = _typed_spans()[0].SerializeToString()
+    wire = otlpwire.parse_traces(body)
+    wire.resource_spans[0].scope_spans[0].spans[0].attributes.append(b"\x0a\x02\xff\xfe")  # key not UTF-8
+    with pytest.raises(DecodeError):
+        rows.traces_to_tables([wire.SerializeToString()])
+    with pytest.raises(DecodeError):
+        rows.traces_to_tables([b"\x0a\xff\xff"])
+    wire = otlpwire.parse_traces(body)
+    wire.resource_spans[0].scope_spans[0].spans[0].span_id = b"\x00" * 8
+    problems: dict[str, int] = {}
+    t = rows.traces_to_tables([wire.SerializeToString()], problems)
+    assert problems == {"span_id is all zeros": 1} and t.spans.num_rows == 1
+    assert rows.traces_to_tables([wire.SerializeToString()]).spans.num_rows == 2  # no check asked for

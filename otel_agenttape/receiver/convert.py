@@ -1,42 +1,71 @@
-"""Row conversion in worker processes, so a large ingest uses more than one core.
+"""Request preparation in worker processes, so ingest uses more than one core.
 
-Converting OTLP spans to Arrow rows (``store/rows.py``) is Python code bound by the GIL; the receiver's
-main process already spends its time on HTTP, decoding and DuckDB inserts. Large batches are split
-into chunks converted by a small pool of spawned processes (from the serialized request bytes the WAL
-holds), and the writer inserts the resulting tables in order while the next chunks convert.
+Decoding a request and converting its spans to Arrow rows (``prepare.py``, ``store/rows.py``) is
+Python code bound by the GIL. Once the pool runs, every request body goes to a worker process, which
+decodes, validates and converts it in one pass and returns the answer for the client with the rows;
+the main process only reads bodies, appends them to the WAL and inserts rows. Requests that were
+accepted as decoded messages (before the pool started, or through ``IngestPipeline.accept``) are
+converted by the workers in chunks when their backlog is large.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from otel_agenttape.receiver import spool
 from otel_agenttape.receiver.wal import KIND_TRACES
+
+log = logging.getLogger(__name__)
 
 
 def convert_payloads(kind: int, payloads: list[bytes]) -> Any:
-    """Worker side: serialized requests -> ``rows.Tables``."""
-    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    """Worker side: serialized (already validated) requests -> ``rows.Tables``."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+        ExportLogsServiceRequest,
+    )
 
     from otel_agenttape.store import rows
 
     if kind == KIND_TRACES:
-        return rows.traces_to_tables([ExportTraceServiceRequest.FromString(p) for p in payloads])
+        return rows.traces_to_tables(payloads)
     return rows.logs_to_tables([ExportLogsServiceRequest.FromString(p) for p in payloads])
 
 
-def _init_worker() -> None:
+def prepare_body(kind: int, body_path: str, media: str, folder: str) -> Any:
+    """Worker side: ``prepare.prepare`` (decode, validate, convert) of one request body in the spool;
+    the rows go back through the spool too."""
+    from otel_agenttape.receiver.prepare import prepare
+
+    prepared = prepare(kind, spool.take_body(body_path), media)
+    if prepared.tables is not None:
+        prepared.tables = spool.put_tables(folder, prepared.tables)
+    return prepared
+
+
+def _init_worker(parent: int) -> None:
     # Ctrl-C reaches the whole process group: the server shuts its workers down itself
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # a server killed with SIGKILL cannot: a worker leaves once its parent is gone
+    threading.Thread(target=_exit_with_parent, args=(parent,), name="agenttape-parent-watch", daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def _warm() -> int:
-    from otel_agenttape.store import rows  # noqa: F401 - import once per worker, before the clock matters
+    from otel_agenttape.receiver import prepare  # noqa: F401 - import once per worker, before the clock matters
+    from otel_agenttape.store import rows  # noqa: F401
 
     return os.getpid()
 
@@ -54,25 +83,91 @@ class ConvertPool:
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._starting = False
+        self._closed = False
+        self._spool: str | None = None
+
+    @property
+    def running(self) -> bool:
+        """True once the workers are up (requests then go to them)."""
+        return self._pool is not None
 
     def start(self) -> None:
         """Spawn the workers and import the converter in each (idempotent, thread-safe)."""
         with self._lock:
-            if self._pool is None and self.workers > 0:
+            if self._pool is None and self.workers > 0 and not self._closed:
                 pool = ProcessPoolExecutor(
-                    max_workers=self.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker
+                    max_workers=self.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                    initargs=(os.getpid(),),
                 )
                 for f in [pool.submit(_warm) for _ in range(self.workers)]:
                     f.result()
+                self._spool = spool.create()
                 self._pool = pool
 
+    def start_in_background(self) -> None:
+        """``start`` in a thread, once; the caller goes on without waiting."""
+        with self._lock:
+            if self._pool is not None or self._starting or self._closed or self.workers <= 0:
+                return
+            self._starting = True
+        threading.Thread(target=self._start_quietly, name="agenttape-convert-start", daemon=True).start()
+
+    def _start_quietly(self) -> None:
+        try:
+            self.start()
+        except Exception as exc:  # noqa: BLE001 - requests are then prepared in the main process
+            log.warning("could not start the row-conversion workers: %s", exc)
+        finally:
+            with self._lock:
+                self._starting = False
+
     def submit(self, kind: int, payloads: list[bytes]) -> Future:
+        """Convert already validated requests in a worker (starting the pool if needed)."""
         self.start()
-        assert self._pool is not None
-        return self._pool.submit(convert_payloads, kind, payloads)
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("the conversion pool is closed")
+        future = pool.submit(convert_payloads, kind, payloads)
+        future.add_done_callback(lambda f: self._discard(pool) if not f.cancelled() and isinstance(
+            f.exception(), BrokenProcessPool) else None)
+        return future
+
+    def prepare(self, kind: int, body: bytes, media: str) -> Any:
+        """Decode, validate and convert one request body in a worker; returns its ``Prepared`` (the pool
+        must be running). Raises what ``prepare.prepare`` raises (``DecodeError``)."""
+        pool, folder = self._pool, self._spool
+        if pool is None or folder is None:
+            raise RuntimeError("the conversion pool is not running")
+        path = spool.put_body(folder, body)
+        try:
+            prepared = pool.submit(prepare_body, kind, path, media, folder).result()
+        except BrokenProcessPool:
+            self._discard(pool)
+            raise
+        finally:
+            if os.path.exists(path):  # the worker did not get to it
+                os.unlink(path)
+        if prepared.tables is not None:
+            prepared.tables = spool.take_tables(prepared.tables)
+        return prepared
+
+    def _discard(self, pool: ProcessPoolExecutor) -> None:
+        """A worker died (killed, out of memory): drop the broken pool and start a new one."""
+        with self._lock:
+            if self._pool is not pool:
+                return
+            self._pool = None
+        log.warning("a row-conversion worker died; restarting the workers")
+        pool.shutdown(wait=False, cancel_futures=True)
+        self.start_in_background()
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)
                 self._pool = None
+            if self._spool is not None:
+                spool.remove(self._spool)
+                self._spool = None

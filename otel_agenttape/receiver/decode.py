@@ -19,6 +19,8 @@ from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from otel_agenttape.store.otlpwire import span_problem
+
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 DEFAULT_MAX_BODY = 20 * 1024 * 1024
@@ -189,26 +191,6 @@ class Validated:
     changed: bool
 
 
-def _span_problem(span: Any) -> str | None:
-    tid = span.trace_id
-    if len(tid) != 16:
-        return f"trace_id must be 16 bytes, got {len(tid)}"
-    if tid == _ZERO_TRACE:
-        return "trace_id is all zeros"
-    sid = span.span_id
-    if len(sid) != 8:
-        return f"span_id must be 8 bytes, got {len(sid)}"
-    if sid == _ZERO_SPAN:
-        return "span_id is all zeros"
-    pid = span.parent_span_id
-    if pid and len(pid) != 8:
-        return f"parent_span_id must be empty or 8 bytes, got {len(pid)}"
-    for link in span.links:
-        if len(link.trace_id) != 16 or len(link.span_id) != 8:
-            return "link ids must be 16 (trace) and 8 (span) bytes"
-    return None
-
-
 def _all_spans_valid(spans: Any) -> bool:
     """Fast pass over the common case (every span valid); the slow pass says what is wrong."""
     for sp in spans:
@@ -225,7 +207,8 @@ def _all_spans_valid(spans: Any) -> bool:
     return True
 
 
-def _summary(problems: dict[str, int], noun: str = "spans") -> str:
+def summary(problems: dict[str, int], noun: str = "spans") -> str:
+    """The partial-success message: how many items were rejected, by reason (most frequent first)."""
     parts = [f"{n} with {why}" for why, n in sorted(problems.items(), key=lambda kv: -kv[1])]
     return f"rejected {noun}: " + "; ".join(parts)
 
@@ -257,13 +240,13 @@ def _drop_invalid(req: Any, groups: Any, problem: Any, noun: str, all_valid: Any
     for items, bad in bad_groups:
         for i in reversed(bad):
             del items[i]
-    return Validated(req, accepted, rejected, _summary(problems, noun), True)
+    return Validated(req, accepted, rejected, summary(problems, noun), True)
 
 
 def validate_traces(req: ExportTraceServiceRequest) -> Validated:
     """Drop spans with invalid ids; returns the request (mutated in place only when something was dropped)."""
     groups = (ss.spans for rs in req.resource_spans for ss in rs.scope_spans)
-    return _drop_invalid(req, groups, _span_problem, "spans", _all_spans_valid)
+    return _drop_invalid(req, groups, span_problem, "spans", _all_spans_valid)
 
 
 def _log_problem(rec: Any) -> str | None:

@@ -1,13 +1,14 @@
 """From an accepted request to the store: admission (bounded queue), WAL append, batched store writes.
 
-Transports call ``accept``; it returns only once the request is durable in the write-ahead log.
-One writer thread drains the in-memory queue into ``Store.write_traces``/``write_logs`` in large
-batches (every request that arrived while the previous batch was being written), then tells the
-WAL those records are applied. Large backlogs are converted to Arrow rows by a pool of worker
-processes (``convert.py``) while this thread inserts earlier chunks; chunks already converted when the
-writer gets to them go into one transaction (fewer, larger DuckDB commits). Memory stays bounded: when
-the queued bytes pass the limit, ``accept`` holds the request briefly if the writer is draining, and
-otherwise raises ``Backpressure`` so the transport answers 429/503 with a retry delay.
+Transports call ``prepare`` (decode, validate and convert one body: in a converter process once the
+pool runs, see ``convert.py``) and then ``accept``, which returns only once the request is durable in
+the write-ahead log. One writer thread drains the in-memory queue into the store in large batches
+(every request that arrived while the previous batch was being written: one DuckDB transaction),
+then tells the WAL those records are applied. Requests queued without rows (accepted as messages,
+or while the pool was starting) are converted by the writer, in the workers when the backlog is
+large. Memory stays bounded: when the queued bytes pass the limit, ``accept`` holds the request
+briefly if the writer is draining, and otherwise raises ``Backpressure`` so the transport answers
+429/503 with a retry delay.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_agenttape.receiver.convert import ConvertPool
+from otel_agenttape.receiver.decode import DecodeError
 from otel_agenttape.receiver.metrics import Metrics
+from otel_agenttape.receiver.prepare import Prepared, prepare
 from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES, WriteAheadLog
 from otel_agenttape.store import rows
 
@@ -57,10 +60,11 @@ class Backpressure(Exception):
 class _Item:
     seq: int
     kind: int
-    request: Any  # the decoded message, or None when only the payload is kept (pool mode)
-    payload: bytes
+    request: Any  # the decoded message (stores without ``write_tables``), else None
+    payload: bytes  # the WAL record
     count: int
     size: int
+    tables: Any = None  # rows.Tables when the request was converted before it was queued
 
     def message(self) -> Any:
         return self.request if self.request is not None else parse_payload(self.kind, self.payload)
@@ -92,11 +96,11 @@ class IngestPipeline:
     ) -> None:
         self.store = store
         self.sink = sink  # optional ParquetSink: gets exactly the rows each write stored
-        # conversion in worker processes needs the store's two-step API (rows, then write_tables)
-        self.pool = pool if pool is not None and pool.workers > 0 and hasattr(store, "write_tables") else None
-        self.pool_threshold = pool_threshold
+        # rows built outside the writer need the store's two-step API (rows, then write_tables)
+        self.converts = hasattr(store, "write_tables")
+        self.pool = pool if pool is not None and pool.workers > 0 and self.converts else None
+        self.pool_threshold = pool_threshold  # a backlog of this many spans/records starts the pool
         self.chunk_items = chunk_items
-        self.max_inflight = 2 * pool.workers if self.pool is not None else 0
         self.wal = wal
         self.metrics = metrics
         self.max_queue_bytes = max_queue_bytes
@@ -109,7 +113,6 @@ class IngestPipeline:
         self._room = threading.Condition(self._lock)
         self._waiters = 0
         self._queue: deque[_Item] = deque()
-        self._queue_count = 0  # spans + log records waiting in _queue
         self._reserved_bytes = 0  # admitted, not yet in the store (includes WAL appends in flight)
         self._reserved_items = 0
         self._in_flight = 0  # admitted requests not yet in the store
@@ -124,31 +127,51 @@ class IngestPipeline:
     def replay_wal(self) -> int:
         """Apply the records an earlier process left in the WAL; returns how many records were replayed."""
         records = 0
-        traces: list[Any] = []
-        logs: list[Any] = []
+        batch: list[_Item] = []
         size = 0
         for kind, payload in self.wal.replay():
             try:
-                msg = parse_payload(kind, payload)
+                # read back the way it was read when accepted (``prepare``): rows, or the message
+                item = _Item(0, kind, None, payload, 0, len(payload))
+                if not self.converts:
+                    item.request = parse_payload(kind, payload)
+                elif kind == KIND_TRACES:
+                    item.tables = rows.traces_to_tables([payload])
+                else:
+                    item.tables = rows.logs_to_tables([parse_payload(kind, payload)])
             except Exception:  # noqa: BLE001 - a record that passed CRC but not parsing is skipped
                 log.warning("skipping an unreadable WAL record of %d bytes", len(payload))
                 continue
-            (traces if kind == KIND_TRACES else logs).append(msg)
+            batch.append(item)
             records += 1
             size += len(payload)
             if size >= min(self.max_batch_bytes, _REPLAY_BATCH_BYTES):
-                self._write(traces, logs)
-                traces, logs, size = [], [], 0
-        if traces or logs:
-            self._write(traces, logs)
+                self._write_batch(batch)
+                batch, size = [], 0
+        if batch:
+            self._write_batch(batch)
         self.wal.drop_replayed()
         self.metrics.inc("agenttape_wal_replayed_records_total", records)
         return records
 
     # -- admission ----------------------------------------------------------------------------
 
-    def accept(self, kind: int, request: Any, payload: bytes, count: int) -> None:
-        """Make ``request`` durable and queue it for the store; raises ``Backpressure`` when full."""
+    def prepare(self, kind: int, body: bytes, media: str) -> Prepared:
+        """Decode, validate and (for the store's two-step API) convert a request body: in a converter
+        process when the pool runs, else in the calling thread. Raises ``DecodeError``."""
+        pool = self.pool
+        if pool is not None and pool.running:
+            try:
+                return pool.prepare(kind, body, media)
+            except DecodeError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a broken worker: prepare here instead
+                log.warning("preparing a request in a worker failed (%s); preparing it here", exc)
+        return prepare(kind, body, media, convert=self.converts)
+
+    def accept(self, kind: int, request: Any, payload: bytes, count: int, tables: Any = None) -> None:
+        """Make the request durable (``payload`` in the WAL) and queue it for the store, with its rows
+        when they were already converted; raises ``Backpressure`` when full."""
         size = len(payload)
         with self._lock:
             if self._closing:
@@ -175,13 +198,14 @@ class IngestPipeline:
                 self._in_flight -= 1
                 self._idle.notify_all()
             raise
-        # keep one form in memory: bytes for the converter processes, else the decoded message
-        item = _Item(seq, kind, None, payload, count, size) if self.pool is not None else (
-            _Item(seq, kind, request, b"", count, size))
+        # rows, or the bytes to convert them from; the message only for stores that take messages
+        item = _Item(seq, kind, None if self.converts else request, payload, count, size, tables)
         with self._lock:
             self._queue.append(item)
-            self._queue_count += count
+            backlog = self._reserved_items
             self._cond.notify()
+        if self.pool is not None and not self.pool.running and backlog >= self.pool_threshold:
+            self.pool.start_in_background()  # the store is behind: prepare requests in the workers
 
     def check_admission(self) -> None:
         """Raise ``Backpressure`` when a request would surely be refused, before its body is read."""
@@ -251,33 +275,73 @@ class IngestPipeline:
             batch.append(it)
             items += it.count
             nbytes += it.size
-        self._queue_count -= items
         return batch
 
-    def _take_chunk(self) -> list[_Item]:
-        """Consecutive items of one kind, about ``chunk_items`` spans or log records."""
-        chunk: list[_Item] = []
-        items = 0
-        kind = self._queue[0].kind
-        while self._queue and self._queue[0].kind == kind and (not chunk or items < self.chunk_items):
-            it = self._queue.popleft()
-            chunk.append(it)
-            items += it.count
-        self._queue_count -= items
-        return chunk
-
-    def _write(self, traces: list[Any], logs: list[Any]) -> None:
+    def _write_batch(self, batch: list[_Item]) -> None:
+        """Store a batch in one write: its rows (converting the items that have none), or its messages."""
         start = time.perf_counter()
-        if traces:
-            res = self.store.write_traces(traces)
+        if not self.converts:
+            traces = [it.message() for it in batch if it.kind == KIND_TRACES]
+            logs = [it.message() for it in batch if it.kind == KIND_LOGS]
+            if traces:
+                res = self.store.write_traces(traces)
+                self._to_sink(res)
+                self.metrics.inc("agenttape_spans_stored_total", getattr(res, "spans_stored", 0))
+                self.metrics.inc("agenttape_spans_duplicate_total", getattr(res, "duplicates", 0))
+            if logs:
+                res = self.store.write_logs(logs)
+                self._to_sink(res)
+                self.metrics.inc("agenttape_logs_stored_total", getattr(res, "logs_stored", 0))
+        else:
+            res = self.store.write_tables(rows.concat(self._tables(batch)))
             self._to_sink(res)
-            self.metrics.inc("agenttape_spans_stored_total", getattr(res, "spans_stored", 0))
-            self.metrics.inc("agenttape_spans_duplicate_total", getattr(res, "duplicates", 0))
-        if logs:
-            res = self.store.write_logs(logs)
-            self._to_sink(res)
-            self.metrics.inc("agenttape_logs_stored_total", getattr(res, "logs_stored", 0))
+            self.metrics.inc("agenttape_spans_stored_total", res.spans_stored)
+            self.metrics.inc("agenttape_spans_duplicate_total", res.duplicates)
+            self.metrics.inc("agenttape_logs_stored_total", res.logs_stored)
         self.metrics.observe("agenttape_store_write_seconds", time.perf_counter() - start)
+
+    def _tables(self, batch: list[_Item]) -> list[rows.Tables]:
+        """The rows of a batch in queue order; items queued without rows are converted now."""
+        todo = [it for it in batch if it.tables is None]
+        converted = self._convert(todo) if todo else {}
+        return [it.tables if it.tables is not None else converted[id(it)]
+                for it in batch if it.tables is not None or id(it) in converted]
+
+    def _convert(self, items: list[_Item]) -> dict[int, rows.Tables]:
+        """Rows for runs of same-kind items, keyed by the id of each run's first item: in the worker
+        processes (chunks of about ``chunk_items``) when there are many, else in this thread."""
+        pooled = self.pool is not None and sum(it.count for it in items) >= self.pool_threshold
+        chunks: list[list[_Item]] = []
+        for it in items:
+            last = chunks[-1] if chunks else None
+            if last and last[0].kind == it.kind and (not pooled or sum(c.count for c in last) < self.chunk_items):
+                last.append(it)
+            else:
+                chunks.append([it])
+        futures: list[Any] = [None] * len(chunks)
+        if pooled:
+            assert self.pool is not None
+            try:
+                futures = [self.pool.submit(chunk[0].kind, [it.payload for it in chunk]) for chunk in chunks]
+            except Exception as exc:  # noqa: BLE001 - no workers: convert here
+                log.warning("row conversion workers unavailable (%s); converting in the writer", exc)
+                futures = [None] * len(chunks)
+        out: dict[int, rows.Tables] = {}
+        for chunk, future in zip(chunks, futures):
+            tables = None
+            if future is not None:
+                try:
+                    tables = future.result()
+                except Exception as exc:  # noqa: BLE001 - a broken worker: convert here instead
+                    log.warning("row conversion in a worker failed (%s); converting in the writer", exc)
+            out[id(chunk[0])] = tables if tables is not None else self._convert_here(chunk)
+        return out
+
+    @staticmethod
+    def _convert_here(chunk: list[_Item]) -> rows.Tables:
+        if chunk[0].kind == KIND_TRACES:
+            return rows.traces_to_tables([it.payload for it in chunk])
+        return rows.logs_to_tables([it.message() for it in chunk])
 
     def _to_sink(self, res: Any) -> None:
         if self.sink is None or not getattr(res, "tables", None):
@@ -338,58 +402,13 @@ class IngestPipeline:
             self._idle.notify_all()
             self._room.notify_all()
 
-    def _write_converted(self, chunks: list[list[_Item]], futures: list[Any]) -> None:
-        """Insert the rows converted by the workers for ``chunks`` in one transaction."""
-        parts = []
-        for chunk, future in zip(chunks, futures):
-            try:
-                parts.append(future.result())
-            except Exception as exc:  # noqa: BLE001 - a broken worker: convert here instead
-                log.warning("row conversion in a worker failed (%s); converting in the writer", exc)
-                msgs = [it.message() for it in chunk]
-                parts.append(rows.traces_to_tables(msgs) if chunk[0].kind == KIND_TRACES else rows.logs_to_tables(msgs))
-        start = time.perf_counter()
-        res = self.store.write_tables(rows.concat(parts))
-        self._to_sink(res)
-        self.metrics.inc("agenttape_spans_stored_total", res.spans_stored)
-        self.metrics.inc("agenttape_spans_duplicate_total", res.duplicates)
-        self.metrics.inc("agenttape_logs_stored_total", res.logs_stored)
-        self.metrics.observe("agenttape_store_write_seconds", time.perf_counter() - start)
-
     def _run(self) -> None:
-        inflight: deque[tuple[list[_Item], Any]] = deque()
         while True:
-            chunks: list[list[_Item]] = []
-            batch: list[_Item] = []
             with self._lock:
-                if not inflight and not self._wait_for_work():
+                if not self._wait_for_work():
                     break
-                pooled = self.pool is not None and (bool(inflight) or self._queue_count >= self.pool_threshold)
-                if pooled:
-                    while self._queue and len(inflight) + len(chunks) < self.max_inflight:
-                        chunks.append(self._take_chunk())
-                else:
-                    batch = self._take_batch()
-            if pooled:
-                assert self.pool is not None
-                for chunk in chunks:
-                    inflight.append((chunk, self.pool.submit(chunk[0].kind, [it.payload for it in chunk])))
-                # the oldest chunk, plus every following one already converted: one transaction
-                # (fewer, larger commits cost DuckDB less per row)
-                done_chunks, futures = [], []
-                items = 0
-                while inflight and (not futures or (inflight[0][1].done() and items < self.max_batch_items)):
-                    chunk, future = inflight.popleft()
-                    done_chunks.append(chunk)
-                    futures.append(future)
-                    items += sum(it.count for it in chunk)
-                if not self._retrying(lambda c=done_chunks, f=futures: self._write_converted(c, f)):
-                    return
-                self._applied([it for chunk in done_chunks for it in chunk])
-                continue
-            traces = [it.message() for it in batch if it.kind == KIND_TRACES]
-            logs = [it.message() for it in batch if it.kind == KIND_LOGS]
-            if not self._retrying(lambda: self._write(traces, logs)):
+                batch = self._take_batch()
+            if not self._retrying(lambda batch=batch: self._write_batch(batch)):
                 return
             self._applied(batch)
         if self.sink is not None:

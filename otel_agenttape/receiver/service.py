@@ -1,4 +1,4 @@
-"""The transport-independent part of an OTLP export: decode, validate, make durable, build the response."""
+"""The transport-independent part of an OTLP export: prepare (decode, validate, convert), make durable, answer."""
 
 from __future__ import annotations
 
@@ -10,14 +10,7 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from otel_agenttape.receiver.decode import (
-    PROTOBUF,
-    DecodeError,
-    decode_logs,
-    decode_traces,
-    validate_logs,
-    validate_traces,
-)
+from otel_agenttape.receiver.decode import DecodeError
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import Backpressure, IngestPipeline
 from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES
@@ -44,22 +37,18 @@ class ExportService:
         if not self.is_ready():
             raise Backpressure("the receiver is starting (replaying its write-ahead log)", 2.0, unavailable=True)
         if signal == TRACES:
-            req = decode_traces(body, media)
-            v = validate_traces(req)
             kind, unit = KIND_TRACES, "spans"
             resp: Any = ExportTraceServiceResponse()
         else:
-            req = decode_logs(body, media)
-            v = validate_logs(req)
             kind, unit = KIND_LOGS, "logs"
             resp = ExportLogsServiceResponse()
+        v = self.pipeline.prepare(kind, body, media)
         if v.rejected:
             self.metrics.inc(f"agenttape_{unit}_rejected_total", v.rejected, reason="invalid_id")
             if not v.accepted:
                 raise DecodeError(f"no valid {'spans' if kind == KIND_TRACES else 'log records'}: {v.message}")
         if v.accepted:
-            payload = body if media == PROTOBUF and not v.changed else v.request.SerializeToString()
-            self.pipeline.accept(kind, v.request, payload, v.accepted)
+            self.pipeline.accept(kind, v.request, v.wal_record(body), v.accepted, v.tables)
             self.metrics.inc(f"agenttape_{unit}_accepted_total", v.accepted)
         if v.rejected:
             if kind == KIND_TRACES:

@@ -1,9 +1,11 @@
 """OTLP requests -> Arrow tables shaped exactly like the store tables (``schema.py``).
 
-This is the ingest hot path. Each span becomes one tuple (columns are transposed in C with ``zip``),
-attribute sets are encoded to typed JSON with one ``orjson.dumps`` per set, and the encoding matches
-``anyvalue.attrs_from_proto`` + ``anyvalue.dumps`` byte for byte (tests check it).
-Spans repeated within one conversion (same trace id + span id) are kept once: the first wins.
+This is the ingest hot path. Trace requests are read through ``otlpwire`` (attributes stay raw
+``KeyValue`` bytes, mapped to typed JSON members through a cache, see below), each span becomes one
+tuple (columns are transposed in C with ``zip``), and the attribute encoding matches
+``anyvalue.attrs_from_proto`` + ``anyvalue.dumps`` byte for byte (tests check it). Log requests are
+read as OTLP messages. Spans repeated within one conversion (same trace id + span id) are kept once:
+the first wins.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import orjson
 import pyarrow as pa
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_agenttape import anyvalue
 from otel_agenttape import semconv as sc
-from otel_agenttape.store import schema
+from otel_agenttape.store import otlpwire, schema
 
 _NS_PER_DAY = 86_400 * 1_000_000_000
 _SORT = orjson.OPT_SORT_KEYS
@@ -216,6 +221,28 @@ class _Resources:
         svc = typed.get("service.name")
         return rid, (_text(svc) if svc else None)
 
+    def add_wire(self, resource: Any, schema_url: str) -> tuple[str, str | None]:
+        """``add`` for an ``otlpwire`` resource (attributes as raw ``KeyValue`` bytes); cached by content."""
+        ckey = (tuple(resource.attributes), tuple(resource.entity_refs), resource.dropped_attributes_count, schema_url)
+        hit = _RESOURCE_CACHE.get(ckey)
+        if hit is None:
+            real = Resource.FromString(resource.SerializeToString())  # the OTLP message, checked as such
+            if len(_RESOURCE_CACHE) >= _CACHE_ENTRIES:
+                _RESOURCE_CACHE.clear()
+            hit = _RESOURCE_CACHE[ckey] = self._row(real, schema_url)
+        row, service = hit
+        if row[0] not in self.rows:
+            self.rows[row[0]] = row
+        return row[0], service
+
+    @staticmethod
+    def _row(resource: Any, schema_url: str) -> tuple[tuple, str | None]:
+        typed = _typed_attrs(resource.attributes)
+        attrs_json = orjson.dumps(typed, option=_SORT).decode()
+        rid = resource_id(schema_url, attrs_json)
+        svc = typed.get("service.name")
+        return (rid, attrs_json, schema_url or None, resource.dropped_attributes_count), (_text(svc) if svc else None)
+
     def table(self) -> pa.Table:
         return _table("resources", list(self.rows.values()))
 
@@ -248,68 +275,208 @@ _SLOT = {key: (i, as_int) for i, (key, as_int) in enumerate(_PROMOTED)}
 _PROVIDER_SLOT = _SLOT[sc.GEN_AI_PROVIDER_NAME][0]
 _NO_PROMOTED = (None,) * len(_PROMOTED)
 
+# --- attribute sets from raw KeyValue bytes ----------------------------------------------------
+#
+# A KeyValue (as bytes) maps to (key, '"key":{typed value}', promoted value). Pairs up to
+# _CACHED_KV_BYTES long are cached: they repeat across spans (names, models, ids of the run, small
+# numbers); longer values (messages, prompts) are parsed every time. An attribute set is then the
+# pieces of its last-occurring keys in sorted order, joined: exactly what
+# ``orjson.dumps(anyvalue.attrs_from_proto(...), option=OPT_SORT_KEYS)`` gives. The order (a "plan")
+# depends only on the tuple of keys, which spans of one kind share, so it is cached too.
 
-def _promoted(a: dict[str, Any]) -> tuple:
-    """The promoted column values of one typed attribute set, in column order."""
-    hits = a.keys() & _SLOT.keys()
-    has_system = sc.GEN_AI_SYSTEM in a
-    if not hits and not has_system:
-        return _NO_PROMOTED
-    out = list(_NO_PROMOTED)
-    for key in hits:
-        i, as_int = _SLOT[key]
-        out[i] = _int(a[key]) if as_int else _text(a[key])
-    if has_system and out[_PROVIDER_SLOT] is None:
-        out[_PROVIDER_SLOT] = _text(a[sc.GEN_AI_SYSTEM])
-    return tuple(out)
+_CACHED_KV_BYTES = 256
+_CACHE_ENTRIES = 16_384  # per cache; cleared when full (a few MB at most)
+_KV_CACHE: dict[bytes, tuple[str, str, Any]] = {}
+_PLAN_CACHE: dict[tuple[str, ...], tuple[Any, Any, int | None]] = {}
+_RESOURCE_CACHE: dict[tuple, tuple[tuple, str | None]] = {}
+_kv_cached = _KV_CACHE.get
 
 
-def traces_to_tables(requests: Iterable[Any]) -> Tables:
-    """Convert ``ExportTraceServiceRequest`` messages to spans/span_events/span_links/resources."""
-    # Millions of short-lived dicts would trigger the cyclic GC over and over; none form cycles.
+_KEY_PREFIX: dict[str, str] = {}
+
+
+def _kv_entry(raw: bytes) -> tuple[str, str, Any]:
+    """Decode one KeyValue (``DecodeError`` if it is not one) to (key, JSON member, promoted value)."""
+    kv = KeyValue.FromString(raw)
+    key = kv.key
+    v = kv.value
+    s = v.string_value
+    if s:  # most values: skip WhichOneof and the dict encoding
+        prefix = _KEY_PREFIX.get(key)
+        if prefix is None:
+            prefix = orjson.dumps(key).decode() + ':{"s":'
+            if len(_KEY_PREFIX) < _CACHE_ENTRIES:
+                _KEY_PREFIX[key] = prefix
+        typed: dict[str, Any] = {"s": s}
+        piece = prefix + orjson.dumps(s).decode() + "}"
+    else:
+        typed = _typed(v)
+        piece = orjson.dumps({key: typed}, option=_SORT)[1:-1].decode()
+    slot = _SLOT.get(key)
+    if slot is not None:
+        value = _int(typed) if slot[1] else _text(typed)
+    elif key == sc.GEN_AI_SYSTEM:
+        value = _text(typed)
+    else:
+        value = None
+    entry = (key, piece, value)
+    if len(raw) <= _CACHED_KV_BYTES:
+        if len(_KV_CACHE) >= _CACHE_ENTRIES:
+            _KV_CACHE.clear()
+        _KV_CACHE[raw] = entry
+    return entry
+
+
+def _one(i: int) -> Any:
+    return lambda seq: (seq[i],)
+
+
+def _plan(keys: tuple[str, ...]) -> tuple[Any, Any, int | None]:
+    """For a sequence of keys: (pick the JSON members in output order, pick the promoted values,
+    position of gen_ai.system when it backs up an empty gen_ai.provider.name)."""
+    last = {k: i for i, k in enumerate(keys)}  # a repeated key: the last one wins
+    order = [last[k] for k in sorted(last)]
+    pick = itemgetter(*order) if len(order) > 1 else _one(order[0])
+    n = len(keys)  # the position of the None appended to the promoted values
+    positions = [last.get(k, n) for k, _ in _PROMOTED]
+    fallback = None
+    system = last.get(sc.GEN_AI_SYSTEM)
+    if system is not None:
+        if positions[_PROVIDER_SLOT] == n:
+            positions[_PROVIDER_SLOT] = system
+        else:
+            fallback = system
+    promote = None if all(p == n for p in positions) else itemgetter(*positions)
+    plan = (pick, promote, fallback)
+    if len(_PLAN_CACHE) >= _CACHE_ENTRIES:
+        _PLAN_CACHE.clear()
+    _PLAN_CACHE[keys] = plan
+    return plan
+
+
+def _attrs_json(raws: Any) -> str:
+    """Typed JSON of a repeated KeyValue given as raw bytes."""
+    if not raws:
+        return "{}"
+    entries = [_kv_cached(r) or _kv_entry(r) for r in raws]
+    keys, pieces, _ = zip(*entries)
+    plan = _PLAN_CACHE.get(keys) or _plan(keys)
+    return "{" + ",".join(plan[0](pieces)) + "}"
+
+
+def _wire(request: Any) -> Any:
+    """An ``otlpwire.TracesRequest`` from serialized bytes, an OTLP message, or one already parsed."""
+    if isinstance(request, (bytes, bytearray, memoryview)):
+        return otlpwire.parse_traces(bytes(request))
+    if isinstance(request, otlpwire.TracesRequest):
+        return request
+    return otlpwire.parse_traces(request.SerializeToString())
+
+
+def traces_to_tables(requests: Iterable[Any], problems: dict[str, int] | None = None) -> Tables:
+    """Convert trace requests (serialized ``ExportTraceServiceRequest`` bytes, OTLP messages, or
+    ``otlpwire`` messages) to spans/span_events/span_links/resources.
+
+    With a ``problems`` dict, spans with invalid ids are left out and counted there by reason
+    (``span_problem``); without one every span is converted. Raises
+    ``google.protobuf.message.DecodeError`` when a request (or an attribute in it) does not decode.
+    """
+    # Millions of short-lived objects would trigger the cyclic GC over and over; none form cycles.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _traces_to_tables(requests)
+        return _traces_to_tables([_wire(r) for r in requests], problems)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _traces_to_tables(requests: Iterable[Any]) -> Tables:
+_ZERO_TRACE = otlpwire.ZERO_TRACE_ID
+_ZERO_SPAN = otlpwire.ZERO_SPAN_ID
+span_problem = otlpwire.span_problem
+
+
+def _decode_only(span: Any) -> None:
+    """Decode the attributes of a span that is left out, so a malformed one still fails the request."""
+    _attrs_json(span.attributes)
+    for ev in span.events:
+        _attrs_json(ev.attributes)
+    for ln in span.links:
+        _attrs_json(ln.attributes)
+
+
+def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None) -> Tables:
     span_rows: list[tuple] = []
     event_rows: list[tuple] = []
     link_rows: list[tuple] = []
+    add_span, add_event = span_rows.append, event_rows.append
     res = _Resources()
     seen: set[bytes] = set()
     dups = 0
-    dumps = orjson.dumps
-    typed_attrs = _typed_attrs
-    promoted = _promoted
+    kv_cached = _kv_cached
+    kv_entry = _kv_entry
+    plans = _PLAN_CACHE.get
+    make_plan = _plan
+    attrs_json = _attrs_json
+    no_promoted = _NO_PROMOTED
+    provider = _PROVIDER_SLOT
+    zero_trace, zero_span = _ZERO_TRACE, _ZERO_SPAN
+    last_tid_b = b""
+    tid = ""
     for request in requests:
         for rs in request.resource_spans:
-            rid, service = res.add(rs.resource, rs.schema_url)
+            rid, service = res.add_wire(rs.resource, rs.schema_url)
             for ss in rs.scope_spans:
                 scope = ss.scope
                 scope_name = scope.name or None
                 scope_version = scope.version or None
+                if scope.attributes:
+                    attrs_json(scope.attributes)  # not stored; decoded like the rest
                 for span in ss.spans:
                     tid_b = span.trace_id
                     sid_b = span.span_id
+                    parent = span.parent_span_id
+                    links = span.links
+                    if problems is not None and (
+                        len(tid_b) != 16 or len(sid_b) != 8 or tid_b == zero_trace or sid_b == zero_span
+                        or (parent and len(parent) != 8)
+                        or (links and any(len(ln.trace_id) != 16 or len(ln.span_id) != 8 for ln in links))
+                    ):
+                        why = span_problem(span) or "invalid ids"
+                        problems[why] = problems.get(why, 0) + 1
+                        _decode_only(span)
+                        continue
                     key = tid_b + sid_b
                     if key in seen:
                         dups += 1
+                        _decode_only(span)
                         continue
                     seen.add(key)
-                    tid = tid_b.hex()
+                    if tid_b != last_tid_b:
+                        last_tid_b = tid_b
+                        tid = tid_b.hex()
                     sid = sid_b.hex()
                     start = span.start_time_unix_nano
                     end = span.end_time_unix_nano
                     day = start // _NS_PER_DAY
-                    a = typed_attrs(span.attributes)
+                    raws = span.attributes
+                    if raws:
+                        entries = [kv_cached(r) or kv_entry(r) for r in raws]
+                        keys, pieces, values = zip(*entries)
+                        plan = plans(keys) or make_plan(keys)
+                        attributes = "{" + ",".join(plan[0](pieces)) + "}"
+                        if plan[1] is None:
+                            promoted = no_promoted
+                        else:
+                            promoted = plan[1](values + (None,))
+                            if plan[2] is not None and promoted[provider] is None:
+                                promoted = list(promoted)
+                                promoted[provider] = values[plan[2]]
+                    else:
+                        attributes = "{}"
+                        promoted = no_promoted
                     status = span.status
-                    parent = span.parent_span_id
-                    span_rows.append(
+                    add_span(
                         (
                             tid,
                             sid,
@@ -323,7 +490,7 @@ def _traces_to_tables(requests: Iterable[Any]) -> Tables:
                             (end - start) / 1e6,
                             status.code,
                             status.message or None,
-                            dumps(a, option=_SORT).decode(),
+                            attributes,
                             span.dropped_attributes_count,
                             span.dropped_events_count,
                             span.dropped_links_count,
@@ -331,26 +498,24 @@ def _traces_to_tables(requests: Iterable[Any]) -> Tables:
                             scope_name,
                             scope_version,
                             service,
-                            *promoted(a),
+                            *promoted,
                             day,
                         )
                     )
-                    if span.events:
-                        for i, ev in enumerate(span.events):
-                            event_rows.append(
-                                (
-                                    tid,
-                                    sid,
-                                    i,
-                                    ev.time_unix_nano,
-                                    ev.name,
-                                    dumps(typed_attrs(ev.attributes), option=_SORT).decode(),
-                                    ev.dropped_attributes_count,
-                                    day,
-                                )
-                            )
-                    if span.links:
-                        for i, ln in enumerate(span.links):
+                    events = span.events
+                    if events:
+                        for i, ev in enumerate(events):
+                            raws = ev.attributes
+                            if raws:  # _attrs_json, inlined: spans often carry several events
+                                keys, pieces, _ = zip(*[kv_cached(r) or kv_entry(r) for r in raws])
+                                plan = plans(keys) or make_plan(keys)
+                                attributes = "{" + ",".join(plan[0](pieces)) + "}"
+                            else:
+                                attributes = "{}"
+                            add_event((tid, sid, i, ev.time_unix_nano, ev.name, attributes,
+                                       ev.dropped_attributes_count, day))
+                    if links:
+                        for i, ln in enumerate(links):
                             link_rows.append(
                                 (
                                     tid,
@@ -360,7 +525,7 @@ def _traces_to_tables(requests: Iterable[Any]) -> Tables:
                                     ln.span_id.hex(),
                                     ln.trace_state or None,
                                     ln.flags,
-                                    dumps(typed_attrs(ln.attributes), option=_SORT).decode(),
+                                    attrs_json(ln.attributes),
                                     ln.dropped_attributes_count,
                                     day,
                                 )
