@@ -84,3 +84,15 @@ def test_proof_for_a_million_leaf_tape_has_at_most_20_hashes() -> None:
     proof = merkle.inclusion_proof(hs, 777_777)
     assert len(proof) <= 20
     merkle.verify_inclusion(777_777, n, hs[777_777], proof, merkle.root(hs))
+
+
+def test_leaf_hash_is_sha256_of_0x00_and_the_leaf_at_every_size() -> None:
+    # leaves are fed to SHA-256 in pieces (to keep the GIL) from 2 KiB up to 64 KiB: same digest
+    import hashlib
+    import os
+
+    from otel_agenttape.integrity.merkle import leaf_hash
+
+    for n in (0, 1, 2039, 2040, 2041, 4080, 4081, 3000, 65535, 65536, 65537, 300_000):
+        leaf = os.urandom(n)
+        assert leaf_hash(leaf) == hashlib.sha256(b"\x00" + leaf).digest(), n

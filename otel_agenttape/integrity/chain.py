@@ -16,7 +16,7 @@ import hashlib
 from typing import NamedTuple
 
 from otel_agenttape.integrity.checkpoint import origin_for
-from otel_agenttape.integrity.merkle import CompactRange
+from otel_agenttape.integrity.merkle import CompactRange, leaf_hash
 
 _sha256 = hashlib.sha256
 _tuple_new = tuple.__new__
@@ -40,7 +40,7 @@ def link_from_leaf_hash(prev: str, leaf_h: bytes) -> str:
 
 def link_hash(prev: str, leaf: bytes) -> str:
     """The link of ``leaf`` after ``prev`` (lowercase hex): ``link_from_leaf_hash(prev, leaf_hash(leaf))``."""
-    return _sha256((prev + "|" + _sha256(b"\x00" + leaf).hexdigest()).encode("ascii")).hexdigest()
+    return _sha256((prev + "|" + leaf_hash(leaf).hex()).encode("ascii")).hexdigest()
 
 
 class Link(NamedTuple):
@@ -67,7 +67,7 @@ class Chain:
         self.tree = CompactRange()
 
     def append(self, leaf: bytes) -> Link:
-        lh = _sha256(b"\x00" + leaf).digest()  # the one hash over the leaf bytes
+        lh = leaf_hash(leaf)  # the one hash over the leaf bytes
         prev = self.head
         h = _sha256((prev + "|" + lh.hex()).encode("ascii")).hexdigest()
         seq = self.size
