@@ -237,3 +237,112 @@ def test_wire_reading_rejects_what_otlp_rejects_and_counts_bad_ids():
     t = rows.traces_to_tables([wire.SerializeToString()], problems)
     assert problems == {"span_id is all zeros": 1} and t.spans.num_rows == 1
     assert rows.traces_to_tables([wire.SerializeToString()]).spans.num_rows == 2  # no check asked for
+
+
+def _events_request(segments: list[list[str]]):
+    """One request, a span per entry of ``segments``, each span with an event per segment (attributes
+    seq + segment, plus a long one on the last event) and a link with attributes."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    kv = rs.resource.attributes.add()
+    kv.key, kv.value.string_value = "service.name", "svc"
+    ss = rs.scope_spans.add()
+    for n, segs in enumerate(segments):
+        sp = ss.spans.add()
+        sp.trace_id, sp.span_id = bytes(15) + b"\x01", (n + 1).to_bytes(8, "big")
+        sp.name, sp.start_time_unix_nano, sp.end_time_unix_nano = "chat", T0, T0 + 5
+        for i, seg in enumerate(segs):
+            ev = sp.events.add()
+            ev.name, ev.time_unix_nano = sc.EVENT_TEXT, T0 + i
+            a = ev.attributes.add()
+            a.key, a.value.int_value = sc.EVENT_SEQ, i
+            b = ev.attributes.add()
+            b.key, b.value.string_value = sc.EVENT_SEGMENT, seg
+            if i == len(segs) - 1:
+                c = ev.attributes.add()
+                c.key, c.value.string_value = "long", "é\"" * 400
+            c = ev.attributes.add()  # a repeated key: the last one wins
+            c.key, c.value.double_value = sc.EVENT_SEQ, -0.0 if i % 2 else 0.5
+        sp.events.add(name="empty", time_unix_nano=T0)
+        ln = sp.links.add(trace_id=bytes(16), span_id=bytes(7) + b"\x09")
+        x = ln.attributes.add()
+        x.key, x.value.bool_value = "why", bool(n % 2)
+    return req
+
+
+def _check_events_and_links(req, t):
+    evs = t.span_events.to_pylist()
+    want = [(sp.span_id.hex(), i, anyvalue.dumps(anyvalue.attrs_from_proto(ev.attributes)))
+            for sp in req.resource_spans[0].scope_spans[0].spans for i, ev in enumerate(sp.events)]
+    assert [(e["span_id"], e["event_index"], e["attributes"]) for e in evs] == want
+    links = t.span_links.to_pylist()
+    assert [ln["attributes"] for ln in links] == [
+        anyvalue.dumps(anyvalue.attrs_from_proto(ln.attributes))
+        for sp in req.resource_spans[0].scope_spans[0].spans for ln in sp.links]
+
+
+def test_event_attribute_sets_cold_warm_and_evicted_match_the_shared_encoding(monkeypatch):
+    """Events and links whose raw attributes repeat (cached as a whole set) or differ encode exactly
+    like ``anyvalue``, whether the set cache is cold, warm, or cleared because it is full."""
+    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+    same = [["Hello, ", "world."]] * 3
+    varied = [["a", "b", "c"], ["a", "x"], ["é\n", "b"], ["\"q\"", "\\"]]
+    for segs in (same, varied, same + varied):
+        req = _events_request(segs)
+        body = req.SerializeToString()
+        rows._SET_CACHE.clear()
+        cold = rows.traces_to_tables([body])
+        warm = rows.traces_to_tables([body])
+        _check_events_and_links(req, cold)
+        for name in ("span_events", "span_links", "spans"):
+            assert getattr(warm, name).equals(getattr(cold, name))
+    # long sets are left out of the cache; short ones are kept, keyed by their raw KeyValues
+    assert rows._SET_CACHE and all(sum(map(len, k)) <= rows._CACHED_SET_BYTES for k in rows._SET_CACHE)
+    assert all(v == anyvalue.dumps(anyvalue.attrs_from_proto(KeyValue.FromString(r) for r in k))
+               for k, v in rows._SET_CACHE.items())
+    # a tiny cache is cleared over and over within one request: same rows
+    monkeypatch.setattr(rows, "_CACHE_ENTRIES", 2)
+    rows._SET_CACHE.clear()
+    req = _events_request(same + varied)
+    small = rows.traces_to_tables([req.SerializeToString()])
+    assert 0 < len(rows._SET_CACHE) <= 2
+    _check_events_and_links(req, small)
+
+
+def test_malformed_event_attribute_is_never_cached():
+    import pytest
+    from google.protobuf.message import DecodeError
+
+    from otel_agenttape.store import otlpwire
+
+    wire = otlpwire.parse_traces(_events_request([["a"]]).SerializeToString())
+    wire.resource_spans[0].scope_spans[0].spans[0].events[0].attributes.append(b"\x0a\x02\xff\xfe")
+    body = wire.SerializeToString()
+    for _ in range(2):
+        with pytest.raises(DecodeError):
+            rows.traces_to_tables([body])
+    assert not any(b"\x0a\x02\xff\xfe" in k for k in rows._SET_CACHE)
+
+
+def test_table_columns_equal_a_plain_conversion():
+    """Columns with one value in every row (repeated in C) equal a row-by-row conversion; floats are
+    always converted row by row (0.0 and -0.0 compare equal)."""
+    import pyarrow as pa
+
+    sch = rows.SCHEMAS["spans"]
+    base = rows.traces_to_tables(_typed_spans()).spans.to_pylist()[0]
+    day = (base["date"] - dt.date(1970, 1, 1)).days  # rows carry the day number
+    variants = [dict(base), dict(base, duration_ms=-0.0, span_id="0" * 16, chain_seq=None),
+                dict(base, duration_ms=0.0, span_id="1" * 16)]
+    for rows_ in ([variants[0]] * 3, variants, variants[1:]):
+        tuples = [tuple(day if f.name == "date" else r[f.name] for f in sch) for r in rows_]
+        got = rows._table("spans", tuples)
+        want = pa.Table.from_pylist(rows_, schema=sch)
+        assert got.equals(want) and got.schema == sch
+        signs = [str(v) for v in got.column("duration_ms").to_pylist()]
+        assert signs == [str(r["duration_ms"]) for r in rows_]

@@ -54,6 +54,10 @@ def arrow_schema(table: str) -> pa.Schema:
 
 SCHEMAS: dict[str, pa.Schema] = {name: arrow_schema(name) for name in schema.TABLES}
 
+_PLAIN, _FLOAT, _DATE, _JSON = range(4)
+_KINDS = {t: _FLOAT if t == pa.float64() else _DATE if t == pa.date32() else
+          _JSON if isinstance(t, pa.ExtensionType) else _PLAIN for t in _DUCK_TO_ARROW.values()}
+
 
 def _typed(value: Any) -> dict[str, Any]:
     """One AnyValue -> typed form: the shared encoding, so stored rows hash like live spans."""
@@ -192,15 +196,23 @@ def _table(name: str, rows: list[tuple]) -> pa.Table:
     sch = SCHEMAS[name]
     if not rows:
         return sch.empty_table()
-    cols = list(zip(*rows))
+    n = len(rows)
     arrays = []
-    for f, col in zip(sch, cols):
-        if f.type == pa.date32():
-            arrays.append(pa.array(col, type=pa.int32()).view(pa.date32()))
-        elif isinstance(f.type, pa.ExtensionType):
-            arrays.append(pa.ExtensionArray.from_storage(f.type, pa.array(col, type=f.type.storage_type)))
+    for f, col in zip(sch, zip(*rows)):
+        kind = _KINDS[f.type]
+        storage = f.type.storage_type if kind == _JSON else pa.int32() if kind == _DATE else f.type
+        first = col[0]
+        # one value in every row (resource, scope, service, day, most promoted columns of a batch):
+        # repeat it in C rather than convert each row. Not for floats, where 0.0 == -0.0.
+        if first is not None and kind != _FLOAT and col.count(first) == n:
+            arr = pa.repeat(pa.scalar(first, type=storage), n)
         else:
-            arrays.append(pa.array(col, type=f.type))
+            arr = pa.array(col, type=storage)
+        if kind == _DATE:
+            arr = arr.view(pa.date32())
+        elif kind == _JSON:
+            arr = pa.ExtensionArray.from_storage(f.type, arr)
+        arrays.append(arr)
     return pa.Table.from_arrays(arrays, schema=sch)
 
 
@@ -364,6 +376,24 @@ def _attrs_json(raws: Any) -> str:
     return "{" + ",".join(plan[0](pieces)) + "}"
 
 
+# A whole attribute set of an event or a link, as the tuple of its raw KeyValues, maps to its JSON
+# when the set is short: events of one kind repeat theirs from span to span (sequence numbers,
+# reasons, short segments), and one lookup replaces a lookup per pair, the plan and the join.
+_CACHED_SET_BYTES = 512
+_SET_CACHE: dict[tuple[bytes, ...], str] = {}
+_set_cached = _SET_CACHE.get
+
+
+def _set_json(raws: tuple[bytes, ...]) -> str:
+    """``_attrs_json`` of a set missing from ``_SET_CACHE``, kept there if short (only once decoded)."""
+    attributes = _attrs_json(raws)
+    if sum(map(len, raws)) <= _CACHED_SET_BYTES:
+        if len(_SET_CACHE) >= _CACHE_ENTRIES:
+            _SET_CACHE.clear()
+        _SET_CACHE[raws] = attributes
+    return attributes
+
+
 def _wire(request: Any) -> Any:
     """An ``otlpwire.TracesRequest`` from serialized bytes, an OTLP message, or one already parsed."""
     if isinstance(request, (bytes, bytearray, memoryview)):
@@ -398,11 +428,11 @@ span_problem = otlpwire.span_problem
 
 def _decode_only(span: Any) -> None:
     """Decode the attributes of a span that is left out, so a malformed one still fails the request."""
-    _attrs_json(span.attributes)
+    _attrs_json(span.attributes[:])
     for ev in span.events:
-        _attrs_json(ev.attributes)
+        _attrs_json(ev.attributes[:])
     for ln in span.links:
-        _attrs_json(ln.attributes)
+        _attrs_json(ln.attributes[:])
 
 
 def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None) -> Tables:
@@ -417,7 +447,8 @@ def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None) -> T
     kv_entry = _kv_entry
     plans = _PLAN_CACHE.get
     make_plan = _plan
-    attrs_json = _attrs_json
+    set_cached = _set_cached
+    set_json = _set_json
     no_promoted = _NO_PROMOTED
     provider = _PROVIDER_SLOT
     zero_trace, zero_span = _ZERO_TRACE, _ZERO_SPAN
@@ -431,7 +462,7 @@ def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None) -> T
                 scope_name = scope.name or None
                 scope_version = scope.version or None
                 if scope.attributes:
-                    attrs_json(scope.attributes)  # not stored; decoded like the rest
+                    _attrs_json(scope.attributes[:])  # not stored; decoded like the rest
                 for span in ss.spans:
                     tid_b = span.trace_id
                     sid_b = span.span_id
@@ -459,7 +490,9 @@ def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None) -> T
                     start = span.start_time_unix_nano
                     end = span.end_time_unix_nano
                     day = start // _NS_PER_DAY
-                    raws = span.attributes
+                    # a slice of a repeated field is a list made in C; iterating the field itself
+                    # goes item by item through the sequence protocol
+                    raws = span.attributes[:]
                     if raws:
                         entries = [kv_cached(r) or kv_entry(r) for r in raws]
                         keys, pieces, values = zip(*entries)
@@ -505,17 +538,12 @@ def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None) -> T
                     events = span.events
                     if events:
                         for i, ev in enumerate(events):
-                            raws = ev.attributes
-                            if raws:  # _attrs_json, inlined: spans often carry several events
-                                keys, pieces, _ = zip(*[kv_cached(r) or kv_entry(r) for r in raws])
-                                plan = plans(keys) or make_plan(keys)
-                                attributes = "{" + ",".join(plan[0](pieces)) + "}"
-                            else:
-                                attributes = "{}"
-                            add_event((tid, sid, i, ev.time_unix_nano, ev.name, attributes,
+                            raws = tuple(ev.attributes[:])
+                            add_event((tid, sid, i, ev.time_unix_nano, ev.name, set_cached(raws) or set_json(raws),
                                        ev.dropped_attributes_count, day))
                     if links:
                         for i, ln in enumerate(links):
+                            raws = tuple(ln.attributes[:])
                             link_rows.append(
                                 (
                                     tid,
@@ -525,7 +553,7 @@ def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None) -> T
                                     ln.span_id.hex(),
                                     ln.trace_state or None,
                                     ln.flags,
-                                    attrs_json(ln.attributes),
+                                    set_cached(raws) or set_json(raws),
                                     ln.dropped_attributes_count,
                                     day,
                                 )
