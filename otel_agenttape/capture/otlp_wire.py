@@ -35,7 +35,7 @@ _SMALL = [bytes([i]) for i in range(128)]
 # a key whose values keep changing (hashes, record ids) stops being cached after that.
 _CACHE_MAX_VALUE = 160
 _CACHE_PER_KEY = 32
-_CACHE_MAX_KEYS = 4096
+_CACHE_MAX_KEYS = 1024
 _str_cache: dict[str, dict[str, bytes]] = {}
 # Per key: the KeyValue's key field followed by the value's tag.
 _key_heads: dict[str, bytes] = {}
