@@ -55,9 +55,6 @@ def locked_config(threads: int | None = None, memory_limit: str | None = None) -
         "autoload_known_extensions": False,
         "autoinstall_known_extensions": False,
         "lock_configuration": True,
-        # zstd over FSST/dictionary for stored columns: about half the bytes per GenAI span, and
-        # no slower to checkpoint (bench/store_size.py)
-        "force_compression": "zstd",
     }
     if threads:
         config["threads"] = int(threads)
