@@ -12,7 +12,10 @@ loopback ports with a fresh SQLite working directory; the clock stops when ``cou
 ``spans`` table, read-only, reaches the total. Phoenix stores a few hundred spans/s, so it gets its
 own, smaller span count (``--phoenix-spans``, ``--phoenix-per-request``).
 
-    python bench/ingest.py [--spans 200000] [--per-request 500] [--clients 2] [--conns 4]
+``--varied`` gives every span its own message, event and response-id text; by default the spans are
+copies of one span with fresh ids, so the receiver's attribute caches see repeats.
+
+    python bench/ingest.py [--spans 200000] [--per-request 500] [--clients 2] [--conns 4] [--varied]
                            [--phoenix [--phoenix-spans 5000] [--phoenix-per-request 100] [--phoenix-venv PATH]]
 
 Last line: ``ingest spans_per_s=N p99_ack_ms=X peak_rss_mb=Y`` (plus ``phoenix_spans_per_s=M``
@@ -40,8 +43,26 @@ import time
 from pathlib import Path
 
 
-def build_requests(n_requests: int, per_request: int, seed: int) -> list[bytes]:
-    """Serialized ExportTraceServiceRequests of model spans, each span with fresh ids."""
+_VARIED_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages")
+
+
+def _vary(span, token: str) -> None:
+    """Make a span's content its own: a unique response id, and ``token`` at the start of the first
+    message text and of every string attribute of its events (the JSON stays valid)."""
+    for kv in span.attributes:
+        if kv.key == "gen_ai.response.id":
+            kv.value.string_value = f"chatcmpl-{token}"
+        elif kv.key in _VARIED_KEYS:
+            kv.value.string_value = kv.value.string_value.replace('"content":"', f'"content":"{token} ', 1)
+    for ev in span.events:
+        for kv in ev.attributes:
+            if kv.value.HasField("string_value"):
+                kv.value.string_value = f"{token} {kv.value.string_value}"
+
+
+def build_requests(n_requests: int, per_request: int, seed: int, varied: bool = False) -> list[bytes]:
+    """Serialized ExportTraceServiceRequests of model spans, each span with fresh ids (and, with
+    ``varied``, its own message, event and response-id text, so no receiver cache sees repeats)."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
     )
@@ -65,13 +86,15 @@ def build_requests(n_requests: int, per_request: int, seed: int) -> list[bytes]:
             s.trace_id = trace_id
             s.span_id = secrets.token_bytes(8)
             s.parent_span_id = b""
+            if varied:
+                _vary(s, secrets.token_hex(6))
         out.append(req.SerializeToString())
     return out
 
 
 def _client(idx: int, port: int, path: str, n_requests: int, per_request: int, conns: int,
-            ready: mp.Barrier, results: mp.Queue) -> None:
-    bodies = build_requests(n_requests, per_request, seed=idx + 1)
+            ready: mp.Barrier, results: mp.Queue, varied: bool = False) -> None:
+    bodies = build_requests(n_requests, per_request, seed=idx + 1, varied=varied)
     lock = threading.Lock()
     latencies: list[float] = []
     errors = [0]
@@ -109,7 +132,8 @@ def _client(idx: int, port: int, path: str, n_requests: int, per_request: int, c
 class Load:
     """Client processes that build their requests, then post them all once ``go`` is called."""
 
-    def __init__(self, port: int, path: str, spans: int, per_request: int, clients: int, conns: int) -> None:
+    def __init__(self, port: int, path: str, spans: int, per_request: int, clients: int, conns: int,
+                 varied: bool = False) -> None:
         n_requests = -(-spans // per_request)
         per_client = [n_requests // clients + (1 if i < n_requests % clients else 0) for i in range(clients)]
         self.requests = sum(per_client)
@@ -117,7 +141,7 @@ class Load:
         self._ready = mp.Barrier(clients + 1)
         self._results: mp.Queue = mp.Queue()
         self._procs = [mp.Process(target=_client, args=(i, port, path, per_client[i], per_request, conns,
-                                                         self._ready, self._results))
+                                                         self._ready, self._results, varied))
                        for i in range(clients)]
         for p in self._procs:
             p.start()
@@ -214,7 +238,7 @@ def run_agenttape(args: argparse.Namespace) -> tuple[float, float, float]:
         line = proc.stdout.readline()
         info = json.loads(line)
         port = info["http_port"]
-        load = Load(port, "/v1/traces", args.spans, args.per_request, args.clients, args.conns)
+        load = Load(port, "/v1/traces", args.spans, args.per_request, args.clients, args.conns, args.varied)
         total = load.total
         print(f"building {load.requests} requests of {args.per_request} spans in {args.clients} processes ...",
               file=sys.stderr)
@@ -390,7 +414,8 @@ def run_phoenix(args: argparse.Namespace, py: Path) -> float:
         _wait_http_ok(port, "/readyz", proc, log, timeout=60)
         print(f"phoenix: ready after {time.time() - t_start:.1f}s", file=sys.stderr)
         before = _sqlite_span_count(db)
-        load = Load(port, "/v1/traces", args.phoenix_spans, args.phoenix_per_request, args.clients, args.conns)
+        load = Load(port, "/v1/traces", args.phoenix_spans, args.phoenix_per_request, args.clients, args.conns,
+                    args.varied)
         total = load.total
         print(f"phoenix: building {load.requests} requests of {args.phoenix_per_request} spans "
               f"({total} spans; agenttape got {args.spans} in requests of {args.per_request}) "
@@ -456,6 +481,9 @@ def main() -> None:
     ap.add_argument("--per-request", type=int, default=500)
     ap.add_argument("--clients", type=int, default=2, help="client processes")
     ap.add_argument("--conns", type=int, default=4, help="keep-alive connections per client process")
+    ap.add_argument("--varied", action="store_true",
+                    help="every span with its own message, event and response-id text (the default sends "
+                         "copies of one span with fresh ids, which the receiver's caches see as repeats)")
     ap.add_argument("--workers", type=int, default=None, help="receiver --ingest-workers (default: auto)")
     ap.add_argument("--phoenix", action="store_true", help="also measure Arize Phoenix (own venv)")
     ap.add_argument("--phoenix-venv", default=str(DEFAULT_PHOENIX_VENV),
