@@ -346,3 +346,133 @@ def test_table_columns_equal_a_plain_conversion():
         assert got.equals(want) and got.schema == sch
         signs = [str(v) for v in got.column("duration_ms").to_pylist()]
         assert signs == [str(r["duration_ms"]) for r in rows_]
+
+
+def _model_spans_request(n: int, varied: bool, tag: str = "v"):
+    """``n`` copies of the sample model span with fresh ids; with ``varied`` each has its own response
+    id, message text and event text (the shape of ``bench/ingest.py --varied``)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    base = samples.model_span_request(seed=1)
+    span = base.resource_spans[0].scope_spans[0].spans[0]
+    req = ExportTraceServiceRequest()
+    req.resource_spans.add().CopyFrom(base.resource_spans[0])
+    spans = req.resource_spans[0].scope_spans[0].spans
+    del spans[:]
+    for i in range(n):
+        s = spans.add()
+        s.CopyFrom(span)
+        s.span_id = (i + 1).to_bytes(8, "big")
+        if varied:
+            token = f"{tag}{i:05d}é"
+            for kv in s.attributes:
+                if kv.key == sc.GEN_AI_RESPONSE_ID:
+                    kv.value.string_value = f"chatcmpl-{token}"
+                elif kv.key in (sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES):
+                    kv.value.string_value = kv.value.string_value.replace('"content":"', f'"content":"{token} ', 1)
+            for ev in s.events:
+                for kv in ev.attributes:
+                    if kv.value.HasField("string_value"):
+                        kv.value.string_value = f"{token} {kv.value.string_value}"
+    return req
+
+
+def _check_against_reference(req, t):
+    spans = req.resource_spans[0].scope_spans[0].spans
+    by_id = {r["span_id"]: r for r in t.spans.to_pylist()}
+    assert len(by_id) == len(spans)
+    for sp in spans:
+        row = by_id[sp.span_id.hex()]
+        assert row["attributes"] == _reference_attrs(sp)
+        values = {kv.key: kv.value.string_value for kv in sp.attributes}
+        assert row["response_model"] == values[sc.GEN_AI_RESPONSE_MODEL]
+        assert row["run_id"] == values[sc.RUN_ID] and row["provider_name"] == values[sc.GEN_AI_PROVIDER_NAME]
+    _check_events_and_links(req, t)
+
+
+def test_varied_and_repeated_spans_match_the_uncached_reference():
+    """Spans whose values repeat (served from the caches) and spans whose values never repeat (every
+    pair and event set decoded) give the rows of the uncached shared encoding, in any order."""
+    varied = _model_spans_request(40, varied=True)
+    same = _model_spans_request(40, varied=False)
+    assert sum(e.attributes[1].value.string_value.startswith("v00") for e in
+               varied.resource_spans[0].scope_spans[0].spans[3].events) >= 1
+    for req in (varied, same, varied, same):  # cold, warm, and again after the other kind
+        _check_against_reference(req, rows.traces_to_tables([req.SerializeToString()]))
+
+
+def test_values_that_never_repeat_stay_out_of_the_caches():
+    """A pair or an event set enters its cache the second time it is decoded: unique response ids and
+    event texts never fill the caches (which would clear the repeated entries with them)."""
+    from otel_agenttape.store import otlpwire
+
+    rows.traces_to_tables([_model_spans_request(3, varied=False).SerializeToString()])  # warm: seen twice
+    kv_before, set_before = dict(rows._KV_CACHE), dict(rows._SET_CACHE)
+    body = _model_spans_request(200, varied=True, tag="u").SerializeToString()  # not seen by other tests
+    rows.traces_to_tables([body])
+    wire = otlpwire.parse_traces(body).resource_spans[0].scope_spans[0].spans
+    unique_kvs = {r for sp in wire for r in sp.attributes if b"chatcmpl-u" in r}
+    unique_sets = {tuple(ev.attributes[:]) for sp in wire for ev in sp.events}
+    assert len(unique_kvs) == 200 and len(unique_sets) == 200 * len(wire[0].events)
+    assert not unique_kvs & rows._KV_CACHE.keys() and not unique_sets & rows._SET_CACHE.keys()
+    # the repeated entries are all still there
+    assert kv_before.items() <= rows._KV_CACHE.items() and set_before.items() <= rows._SET_CACHE.items()
+    assert any(k.startswith(b"\x0a\x10agenttape.run.id") for k in rows._KV_CACHE)
+    # a value decoded a second time is cached
+    rows.traces_to_tables([body])
+    assert unique_kvs <= rows._KV_CACHE.keys()
+
+
+def test_string_values_match_protobuf_and_invalid_ones_raise():
+    """A KeyValue with a string value converts as the shared encoding says, whatever its layout, and
+    whatever protobuf rejects (invalid UTF-8 in the key or the value, bad lengths) raises
+    ``DecodeError``, with cold or warm caches."""
+    import pytest
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+
+    def reference(raw: bytes):
+        kv = KeyValue.FromString(raw)
+        typed = anyvalue.attrs_from_proto([kv])
+        return kv.key, anyvalue.dumps(typed)[1:-1]
+
+    def varint(n: int) -> bytes:
+        out = b""
+        while n >= 128:
+            out += bytes([n & 127 | 128])
+            n >>= 7
+        return out + bytes([n])
+
+    def plain(key: bytes, value: bytes, any_len=None, str_len=None) -> bytes:
+        inner = b"\x0a" + (str_len or varint(len(value))) + value
+        return b"\x0a" + varint(len(key)) + key + b"\x12" + (any_len or varint(len(inner))) + inner
+
+    texts = ["x", "é\"\\\n\x00", "\U0010ffff\ufffd", "q" * 127, "q" * 130, "w" * 20_000, "z" * 3_000_000]
+    good = [KeyValue(key="k", value={"string_value": s}).SerializeToString() for s in texts]
+    good += [KeyValue(key="k" * 200, value={"string_value": "v"}).SerializeToString(),  # long key: protobuf
+             KeyValue(key="k", value={"string_value": ""}).SerializeToString(),
+             plain(b"k", b""),  # string_value set to "" explicitly: {"s": ""}
+             plain(b"k", b"ab", any_len=b"\x84\x00"),  # non-minimal length: protobuf reads it
+             plain(b"", b"ab"),
+             plain(b"k", b"ab") + b"\x18\x01"]  # an unknown field after the value
+    for raw in good:
+        key, piece = reference(raw)
+        assert rows._kv_entry(raw)[:2] == (key, piece)
+    bad_text = [b"\xff", b"a\xfe", b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\x80"]
+    bad = [plain(b"k", t) for t in bad_text] + [plain(t, b"v") for t in bad_text]
+    bad += [plain(b"k", b"abc")[:-1], plain(b"k", b"abc") + b"\x0a", b"\x0a\x05k", b"\x0a"]
+    for raw in bad:
+        with pytest.raises(DecodeError):
+            KeyValue.FromString(raw)
+        with pytest.raises(DecodeError):
+            rows._kv_entry(raw)
+    # through a whole request, warm or cold caches
+    from otel_agenttape.store import otlpwire
+
+    wire = otlpwire.parse_traces(_model_spans_request(2, varied=False).SerializeToString())
+    wire.resource_spans[0].scope_spans[0].spans[1].attributes.append(plain(sc.GEN_AI_RESPONSE_ID.encode(), b"\xed\xa0\x80"))
+    for _ in range(2):
+        with pytest.raises(DecodeError):
+            rows.traces_to_tables([wire.SerializeToString()])

@@ -295,10 +295,18 @@ _NO_PROMOTED = (None,) * len(_PROMOTED)
 # pieces of its last-occurring keys in sorted order, joined: exactly what
 # ``orjson.dumps(anyvalue.attrs_from_proto(...), option=OPT_SORT_KEYS)`` gives. The order (a "plan")
 # depends only on the tuple of keys, which spans of one kind share, so it is cached too.
+#
+# A value enters a cache the second time it misses: the first miss only notes its hash in a "seen
+# once" set (a hash collision merely admits a value early). Values that never repeat (response ids,
+# message text, streamed segments) then stay out of the caches instead of filling them until they
+# are cleared, which would drop the repeated entries too. Not a cap per key: run, session and turn
+# ids take new values forever, each repeated within its run.
 
 _CACHED_KV_BYTES = 256
 _CACHE_ENTRIES = 16_384  # per cache; cleared when full (a few MB at most)
+_SEEN_ENTRIES = 16_384  # hashes per "seen once" set; cleared when full
 _KV_CACHE: dict[bytes, tuple[str, str, Any]] = {}
+_KV_SEEN: set[int] = set()
 _PLAN_CACHE: dict[tuple[str, ...], tuple[Any, Any, int | None]] = {}
 _RESOURCE_CACHE: dict[tuple, tuple[tuple, str | None]] = {}
 _kv_cached = _KV_CACHE.get
@@ -319,23 +327,33 @@ def _kv_entry(raw: bytes) -> tuple[str, str, Any]:
             prefix = orjson.dumps(key).decode() + ':{"s":'
             if len(_KEY_PREFIX) < _CACHE_ENTRIES:
                 _KEY_PREFIX[key] = prefix
-        typed: dict[str, Any] = {"s": s}
         piece = prefix + orjson.dumps(s).decode() + "}"
+        slot = _SLOT.get(key)
+        if slot is not None:
+            value = _int({"s": s}) if slot[1] else s
+        else:
+            value = s if key == sc.GEN_AI_SYSTEM else None
     else:
         typed = _typed(v)
         piece = orjson.dumps({key: typed}, option=_SORT)[1:-1].decode()
-    slot = _SLOT.get(key)
-    if slot is not None:
-        value = _int(typed) if slot[1] else _text(typed)
-    elif key == sc.GEN_AI_SYSTEM:
-        value = _text(typed)
-    else:
-        value = None
+        slot = _SLOT.get(key)
+        if slot is not None:
+            value = _int(typed) if slot[1] else _text(typed)
+        elif key == sc.GEN_AI_SYSTEM:
+            value = _text(typed)
+        else:
+            value = None
     entry = (key, piece, value)
     if len(raw) <= _CACHED_KV_BYTES:
-        if len(_KV_CACHE) >= _CACHE_ENTRIES:
-            _KV_CACHE.clear()
-        _KV_CACHE[raw] = entry
+        h = hash(raw)
+        if h in _KV_SEEN:
+            if len(_KV_CACHE) >= _CACHE_ENTRIES:
+                _KV_CACHE.clear()
+            _KV_CACHE[raw] = entry
+        else:
+            if len(_KV_SEEN) >= _SEEN_ENTRIES:
+                _KV_SEEN.clear()
+            _KV_SEEN.add(h)
     return entry
 
 
@@ -381,16 +399,24 @@ def _attrs_json(raws: Any) -> str:
 # reasons, short segments), and one lookup replaces a lookup per pair, the plan and the join.
 _CACHED_SET_BYTES = 512
 _SET_CACHE: dict[tuple[bytes, ...], str] = {}
+_SET_SEEN: set[int] = set()
 _set_cached = _SET_CACHE.get
 
 
 def _set_json(raws: tuple[bytes, ...]) -> str:
-    """``_attrs_json`` of a set missing from ``_SET_CACHE``, kept there if short (only once decoded)."""
+    """``_attrs_json`` of a set missing from ``_SET_CACHE``, kept there if short and seen before
+    (only once decoded)."""
     attributes = _attrs_json(raws)
-    if sum(map(len, raws)) <= _CACHED_SET_BYTES:
-        if len(_SET_CACHE) >= _CACHE_ENTRIES:
-            _SET_CACHE.clear()
-        _SET_CACHE[raws] = attributes
+    h = hash(raws)
+    if h in _SET_SEEN:
+        if sum(map(len, raws)) <= _CACHED_SET_BYTES:
+            if len(_SET_CACHE) >= _CACHE_ENTRIES:
+                _SET_CACHE.clear()
+            _SET_CACHE[raws] = attributes
+    else:
+        if len(_SET_SEEN) >= _SEEN_ENTRIES:
+            _SET_SEEN.clear()
+        _SET_SEEN.add(h)
     return attributes
 
 
