@@ -227,3 +227,31 @@ def test_the_grpc_exporter_sends_our_encoding_and_survives_a_reconnect():
         exporter.shutdown()
     finally:
         server.stop(None)
+
+
+def test_a_whole_sealed_multi_agent_tape_encodes_like_the_sdk():
+    """Everything the default pipeline exports for the demo's agents (sealed copies, streamed-text,
+    reasoning and retry events, a failing tool, child runs, checkpoint spans) gives identical bytes."""
+    import otel_agenttape
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_agenttape.demo import run_demo_agents
+
+    exporter = InMemorySpanExporter()
+    tape = otel_agenttape.setup(exporter=exporter, service_name="wire-demo")
+    try:
+        run_demo_agents(tape)
+        with tape.run(agent="planner") as first:
+            carrier = tape.inject()
+        with tape.run(agent="remote-child", parent=carrier):  # another process's child: a span link
+            pass
+        assert tape.force_flush()
+    finally:
+        tape.shutdown()
+    spans = exporter.get_finished_spans()
+    assert any("agenttape.chain.hash" in s.attributes for s in spans)
+    assert any(s.events for s in spans) and any(s.links for s in spans)
+    assert_same(list(spans))
+    assert first.run_id
+    for i in range(0, len(spans), 7):  # and in the smaller batches an export queue hands over
+        assert_same(list(spans[i:i + 7]))
