@@ -345,16 +345,22 @@ def _kv_entry(raw: bytes) -> tuple[str, str, Any]:
             value = None
     entry = (key, piece, value)
     if len(raw) <= _CACHED_KV_BYTES:
-        h = hash(raw)
-        if h in _KV_SEEN:
-            if len(_KV_CACHE) >= _CACHE_ENTRIES:
-                _KV_CACHE.clear()
-            _KV_CACHE[raw] = entry
-        else:
-            if len(_KV_SEEN) >= _SEEN_ENTRIES:
-                _KV_SEEN.clear()
-            _KV_SEEN.add(h)
+        _admit(_KV_CACHE, _KV_SEEN, raw, entry)
     return entry
+
+
+def _admit(cache: dict[Any, Any], seen: set[int], key: Any, value: Any) -> None:
+    """Cache ``value`` under ``key`` on its second miss; on the first, only note the key's hash.
+    Both are bounded: cleared when full."""
+    h = hash(key)
+    if h in seen:
+        if len(cache) >= _CACHE_ENTRIES:
+            cache.clear()
+        cache[key] = value
+    else:
+        if len(seen) >= _SEEN_ENTRIES:
+            seen.clear()
+        seen.add(h)
 
 
 def _one(i: int) -> Any:
@@ -407,16 +413,8 @@ def _set_json(raws: tuple[bytes, ...]) -> str:
     """``_attrs_json`` of a set missing from ``_SET_CACHE``, kept there if short and seen before
     (only once decoded)."""
     attributes = _attrs_json(raws)
-    h = hash(raws)
-    if h in _SET_SEEN:
-        if sum(map(len, raws)) <= _CACHED_SET_BYTES:
-            if len(_SET_CACHE) >= _CACHE_ENTRIES:
-                _SET_CACHE.clear()
-            _SET_CACHE[raws] = attributes
-    else:
-        if len(_SET_SEEN) >= _SEEN_ENTRIES:
-            _SET_SEEN.clear()
-        _SET_SEEN.add(h)
+    if sum(map(len, raws)) <= _CACHED_SET_BYTES:
+        _admit(_SET_CACHE, _SET_SEEN, raws, attributes)
     return attributes
 
 
