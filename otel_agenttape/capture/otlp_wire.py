@@ -64,17 +64,6 @@ def _field(tag: bytes, payload: bytes) -> bytes:
 
 def _any_value(value: Any) -> bytes:
     """An ``AnyValue`` message body, with the SDK encoder's type order (bool before int)."""
-    cls = value.__class__
-    if cls is str:
-        return _field(b"\x0a", value.encode("utf-8"))
-    if cls is bool:
-        return b"\x10\x01" if value else b"\x10\x00"
-    if cls is int:
-        if not _INT64_MIN <= value <= _INT64_MAX:
-            raise ValueError(f"int {value} is out of the int64 range")
-        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
-    if cls is float:
-        return b"\x21" + _pack_double(value)
     if value is None:
         return b""
     if isinstance(value, bool):
@@ -82,9 +71,11 @@ def _any_value(value: Any) -> bytes:
     if isinstance(value, str):
         return _field(b"\x0a", value.encode("utf-8"))
     if isinstance(value, int):
-        return _any_value(int(value))
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise ValueError(f"int {value} is out of the int64 range")
+        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
     if isinstance(value, float):
-        return b"\x21" + _pack_double(float(value))
+        return b"\x21" + _pack_double(value)
     if isinstance(value, bytes):
         return _field(b"\x3a", value)
     if isinstance(value, Sequence):
@@ -272,7 +263,7 @@ def _group(items: Sequence[Any], key: Any) -> list[tuple[Any, list[Any]]]:
     groups: list[tuple[Any, list[Any]]] = []
     for obj, members in by_id.values():
         for existing in groups:
-            if existing[0] is not None and obj is not None and existing[0] == obj or existing[0] is obj:
+            if existing[0] is obj or (existing[0] is not None and obj is not None and existing[0] == obj):
                 existing[1].extend(members)
                 break
         else:

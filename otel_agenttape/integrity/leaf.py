@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from otel_agenttape import semconv
+from otel_agenttape.anyvalue import from_proto
 from otel_agenttape.integrity.jcs import CanonicalError, dumps_ordered, sorted_keys
 
 LEAF_VERSION = 1
@@ -83,23 +84,9 @@ def _attrs_python(attrs: Mapping[str, Any] | None, skip_chain: bool) -> dict[str
 
 
 def typed_from_proto(value: Any) -> dict[str, Any]:
-    """Typed form of an OTLP ``AnyValue`` in canonical key order."""
-    which = value.WhichOneof("value")
-    if which == "string_value":
-        return {"s": value.string_value}
-    if which == "int_value":
-        return {"i": str(value.int_value)}
-    if which == "double_value":
-        return {"d": encode_double(value.double_value)}
-    if which == "bool_value":
-        return {"bool": value.bool_value}
-    if which == "bytes_value":
-        return {"b": _b64(value.bytes_value).decode("ascii")}
-    if which == "array_value":
-        return {"a": [typed_from_proto(v) for v in value.array_value.values]}
-    if which == "kvlist_value":
-        return {"kv": _attrs_proto(value.kvlist_value.values, False)}
-    return {}
+    """Typed form of an OTLP ``AnyValue`` in canonical key order: the shared encoding, its maps
+    re-ordered by ``canonical_typed``."""
+    return canonical_typed(from_proto(value))
 
 
 def _attrs_proto(key_values: Iterable[Any], skip_chain: bool) -> dict[str, Any]:

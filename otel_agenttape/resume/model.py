@@ -27,6 +27,23 @@ def _default_accumulate(deltas: list[Any]) -> Any:
     return None
 
 
+def _keep(owner: ResumableModelClient, node: Any, recorded: list[Any], delta: Any) -> None:
+    """Record one live stream delta (JSON form) and put it on the model node."""
+    enc = to_jsonable(owner.encode_delta(delta))
+    recorded.append(enc)
+    node.delta(owner.delta_text(enc), raw=enc)
+
+
+def _finish_live(owner: ResumableModelClient, call: Call, node: Any, recorded: list[Any]) -> Any:
+    """A live stream ended: journal its deltas and terminal result, finish the node; the decoded result."""
+    terminal = owner.accumulate(recorded)
+    result = owner.decode(terminal) if terminal is not None else None
+    owner.index.record_result(call, terminal, deltas=recorded)
+    node.finish(raw=terminal)
+    mark_result(node, terminal, recorded)
+    return result
+
+
 class ResumableStream:
     """Iterates a model stream's deltas; ``result`` holds the terminal result once exhausted.
 
@@ -61,15 +78,9 @@ class ResumableStream:
                 live = self._source() if self._source else iter(())
                 recorded: list[Any] = []
                 for delta in live:
-                    enc = to_jsonable(owner.encode_delta(delta))
-                    recorded.append(enc)
-                    node.delta(owner.delta_text(enc), raw=enc)
+                    _keep(owner, node, recorded, delta)
                     yield delta
-                terminal = owner.accumulate(recorded)
-                self.result = owner.decode(terminal) if terminal is not None else None
-                owner.index.record_result(call, terminal, deltas=recorded)
-                node.finish(raw=terminal)
-                mark_result(node, terminal, recorded)
+                self.result = _finish_live(owner, call, node, recorded)
             self.done = True
         finally:
             owner.index.end(call)
@@ -115,26 +126,16 @@ class AsyncResumableStream:
                 if inspect.isawaitable(live):
                     live = await live
                 recorded: list[Any] = []
-
-                def keep(delta: Any) -> None:
-                    enc = to_jsonable(owner.encode_delta(delta))
-                    recorded.append(enc)
-                    node.delta(owner.delta_text(enc), raw=enc)
-
                 if live is not None:
                     if hasattr(live, "__aiter__"):
                         async for delta in live:
-                            keep(delta)
+                            _keep(owner, node, recorded, delta)
                             yield delta
                     else:
                         for delta in live:
-                            keep(delta)
+                            _keep(owner, node, recorded, delta)
                             yield delta
-                terminal = owner.accumulate(recorded)
-                self.result = owner.decode(terminal) if terminal is not None else None
-                owner.index.record_result(call, terminal, deltas=recorded)
-                node.finish(raw=terminal)
-                mark_result(node, terminal, recorded)
+                self.result = _finish_live(owner, call, node, recorded)
             self.done = True
         finally:
             owner.index.end(call)
