@@ -310,3 +310,21 @@ def test_edited_columns_give_the_general_path_findings(db, sql) -> None:
     fast, general, reports = _entries_both_ways(db)
     assert fast == general
     assert not reports[0].valid
+
+
+def test_remembered_int_forms_never_stand_for_bools_or_doubles() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    values = [1, True, 1.0, 0, False, 0.0, -0.0, 1, 2**63 - 1, -(2**63), True, 0]
+    for v in values:
+        with tracer.start_as_current_span("s", attributes={"x": v, "y": (v,) if type(v) is not int else v}):
+            pass
+    provider.shutdown()
+    spans = exporter.get_finished_spans()
+    for span, v in zip(spans, values):
+        leaf = leaf_from_sdk(span)
+        assert leaf == _general(span) == rfc8785.dumps(project_sdk(span))
+        typed = orjson.loads(leaf)["attributes"]["x"]
+        assert typed == ({"bool": v} if type(v) is bool else {"i": str(v)} if type(v) is int else {"d": repr(v)})

@@ -96,3 +96,15 @@ def test_leaf_hash_is_sha256_of_0x00_and_the_leaf_at_every_size() -> None:
     for n in (0, 1, 2039, 2040, 2041, 4080, 4081, 3000, 65535, 65536, 65537, 300_000):
         leaf = os.urandom(n)
         assert leaf_hash(leaf) == hashlib.sha256(b"\x00" + leaf).digest(), n
+
+
+def test_compact_range_extend_matches_the_reference_tree() -> None:
+    hs = [merkle.leaf_hash(f"leaf {i}".encode()) for i in range(2600)]
+    cr = merkle.CompactRange()
+    cr.extend(hs[:5])
+    cr.extend(hs[5:1500])
+    cr.extend([])
+    assert (cr.size, cr.root()) == (1500, _ref_root(hs[:1500]))
+    cr.append(hs[1500])
+    cr.extend(hs[1501:])
+    assert (cr.size, cr.root()) == (2600, _ref_root(hs))

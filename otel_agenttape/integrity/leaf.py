@@ -288,6 +288,10 @@ _INF = math.inf
 _SPAN_KEYS: set[str] = set()  # keys fit for the fast path in a span's attributes
 _OTHER_KEYS: set[str] = set()  # likewise in event and link attributes (chain keys allowed there)
 _MAX_KEYS = 1 << 16  # bound on each set: start over past it (keys are only a cache)
+# Typed forms of ints seen before (steps, token counts, ports): shared, never mutated (orjson only
+# reads them). Keyed by the int alone: ``type(v) is int`` excludes bools, and floats never get here.
+_INTS: dict[int, dict[str, str]] = {}
+_MAX_INTS = 1 << 12
 
 
 class _General(Exception):
@@ -340,12 +344,19 @@ def _fast_attrs(attrs: Mapping[str, Any], skip_chain: bool) -> dict[str, Any]:
     if not known.issuperset(attrs):
         _learn_keys(attrs, known, skip_chain)
     out = {}
-    for k, v in attrs.items():  # strings and int64 ints inline: most values are one of those
+    ints = _INTS
+    for k, v in attrs.items():  # strings inline, ints from a cache: most values are one of those
         t = type(v)
         if t is str:
             out[k] = {"s": v}
-        elif t is int and INT64_MIN <= v <= INT64_MAX:
-            out[k] = {"i": str(v)}
+        elif t is int:
+            typed = ints.get(v)
+            if typed is None:
+                typed = _fast_other(v)
+                if len(ints) >= _MAX_INTS:
+                    ints.clear()
+                ints[v] = typed
+            out[k] = typed
         else:
             out[k] = _fast_other(v)
     return out

@@ -164,12 +164,13 @@ def verify_chain(
     cr = CompactRange()
     if 0 in wanted:
         roots[0] = cr.root()
-    for i, lh in enumerate(leaves):
-        if lh is None:
-            break
-        cr.append(lh)
-        if i + 1 in wanted:
-            roots[i + 1] = cr.root()
+    usable = leaves.index(None) if None in leaves else len(leaves)  # the tree stops at the first gap
+    done = 0
+    for size in sorted(s for s in wanted if 0 < s <= usable):
+        cr.extend(leaves[done:size])
+        roots[size] = cr.root()
+        done = size
+    cr.extend(leaves[done:usable])
     report = ChainReport(chain_id, epoch, length, True, None, None, key_pinned=key_pinned)
     report.root = cr.root().hex() if len(leaves) == cr.size else None
     report.head = by_seq[last].hash if last >= 0 else None
