@@ -275,3 +275,46 @@ def test_reseal_with_default_checkpoint_cadence_is_bounded_to_a_range(tmp_path, 
     r = verify(db, key, str(cp_file))
     assert not r.valid and r.first_broken_index == 0
     assert r.reason.startswith(f"checkpoint at size {len(rows)} does not match the stored entries")
+
+
+def test_a_run_id_sealed_by_two_processes_without_a_checkpoint_file(tmp_path, key) -> None:
+    """Reusing a run id to resume, with no shared checkpoint file: two chains of the same tape id and
+    epoch, one per trace. Each verifies on its own; tampering in one is reported there only."""
+    from otel_agenttape.integrity.proof import verify_proof
+    from otel_agenttape.tape.verification import prove_span
+
+    db = str(tmp_path / "tape.duckdb")
+    store = Store(db)
+    store.write_traces([encode(record("run-a", key, None, n=4))])  # first process
+    store.write_traces([encode(record("run-a", key, None, n=7))])  # second process, same run id
+    store.close()
+    reader = open_reader(db)
+    reports = verify_store(reader, run="run-a", verifiers=[key.verifier()])
+    reader.close()
+    assert [(r.chain_id, r.epoch, r.valid, r.length) for r in reports] in (
+        [("run-a", 0, True, 5), ("run-a", 0, True, 8)], [("run-a", 0, True, 8), ("run-a", 0, True, 5)])
+    assert all(r.signed_size == r.length for r in reports)
+    assert len({r.trace_id for r in reports}) == 2 and all(r.trace_id for r in reports)
+    long_trace = next(r.trace_id for r in reports if r.length == 8)
+
+    con = duckdb.connect(db)
+    sid, attrs = con.execute("SELECT span_id, attributes FROM spans WHERE chain_id = 'run-a' AND chain_seq = 6 "
+                             "AND trace_id = ?", [long_trace]).fetchone()
+    con.close()
+    reader = open_reader(db)
+    proof = prove_span(reader, sid, verifiers=[key.verifier()])  # the tree of its own trace's chain
+    reader.close()
+    assert verify_proof(proof, [key.verifier()]).index == 6
+
+    con = duckdb.connect(db)
+    a = orjson.loads(attrs)
+    a["payload"] = {"s": "edited"}
+    con.execute("UPDATE spans SET attributes = ? WHERE span_id = ?", [orjson.dumps(a).decode(), sid])
+    con.close()
+    reader = open_reader(db)
+    reports = verify_store(reader, run="run-a", verifiers=[key.verifier()])
+    reader.close()
+    by_trace = {r.trace_id: r for r in reports}
+    assert not by_trace[long_trace].valid and by_trace[long_trace].first_broken_index == 6
+    assert "span content edited" in by_trace[long_trace].reason
+    assert all(r.valid for t, r in by_trace.items() if t != long_trace)

@@ -7,7 +7,7 @@ and kept apart from tampering; ``first_broken_index`` is the lowest seq with any
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -76,6 +76,7 @@ class ChainReport:
     key_pinned: bool = False
     restored_from: str | None = None
     untrusted_checkpoints: int = 0
+    trace_id: str | None = None  # set when processes sealed the same tape id and epoch in several traces
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -104,6 +105,36 @@ def parse_notes(notes: Iterable[tuple[str, str]], verifiers: Sequence[Verifier])
             except NoteError:
                 trusted = False
         out.append(SignedCheckpoint(cp, note, trusted, source))
+    return out
+
+
+def assign_checkpoints(
+    chain_id: str,
+    epoch: int,
+    parts: Mapping[str, Sequence[Entry]],
+    checkpoints: Sequence[SignedCheckpoint],
+) -> dict[str, list[SignedCheckpoint]]:
+    """Share the checkpoints of one origin among chains that carry it in different traces.
+
+    Two processes that seal the same run id without a common checkpoint file both open epoch 0 of
+    the same tape: two chains, one per trace. A checkpoint goes to the chain holding the entry its
+    chain head names (at ``size - 1``); one whose head is in no chain (a re-seal, a truncated tail)
+    and the size-0 ones go to every chain, so nothing a signer vouched for is left unchecked.
+    """
+    origin = origin_for(chain_id, epoch)
+    owner: dict[tuple[int, str], str] = {}
+    for key, entries in parts.items():
+        for e in entries:
+            if e.hash:
+                owner[(e.seq, e.hash)] = key
+    out: dict[str, list[SignedCheckpoint]] = {key: [] for key in parts}
+    for c in checkpoints:
+        cp = c.checkpoint
+        if cp.origin != origin:
+            continue
+        key = owner.get((cp.size - 1, cp.chain_head or "")) if cp.size > 0 else None
+        for k in ([key] if key is not None else parts):
+            out[k].append(c)
     return out
 
 

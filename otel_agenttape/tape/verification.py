@@ -27,6 +27,7 @@ from otel_agenttape.integrity.verify import (
     ChainReport,
     Entry,
     SignedCheckpoint,
+    assign_checkpoints,
     parse_notes,
     verify_chain,
 )
@@ -325,18 +326,34 @@ def verify_rows(
     key_pinned: bool = False,
     expect: Iterable[tuple[str, int]] = (),
 ) -> list[ChainReport]:
-    """Group sealed rows by tape and epoch and verify each group (``expect``: tapes that must exist)."""
-    groups: dict[tuple[str, int], list[Entry]] = defaultdict(list)
+    """Group sealed rows by tape, epoch and trace and verify each group (``expect``: tapes that must exist).
+
+    A chain lives in one trace. The same tape id and epoch opened (seq 0) in several traces means
+    several processes sealed it without a shared checkpoint file (a run id reused to resume, with no
+    ``AGENTTAPE_CHECKPOINTS``): each trace's chain is verified on its own, with the checkpoints that
+    name its entries (``assign_checkpoints``), and its report carries the trace id.
+    """
+    groups: dict[tuple[str, int], dict[str, list[Entry]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         if isinstance(row, tuple):  # already an entry (iter_entries)
             chain_id, epoch, entry = row
         else:
             chain_id, epoch, entry = row_entry(row)
-        groups[(chain_id, epoch)].append(entry.compact())
+        groups[(chain_id, epoch)][entry.trace_id].append(entry.compact())
     for key in expect:
-        groups.setdefault(key, [])
-    reports = [verify_chain(cid, ep, entries, checkpoints, key_pinned) for (cid, ep), entries in groups.items()]
-    reports.sort(key=lambda r: (r.chain_id, r.epoch))
+        groups.setdefault(key, defaultdict(list))
+    reports = []
+    for (cid, ep), by_trace in groups.items():
+        starts = sum(1 for entries in by_trace.values() if any(e.seq == 0 for e in entries))
+        if starts < 2:  # one chain (entries moved into another trace are checked against it)
+            entries = [e for part in by_trace.values() for e in part]
+            reports.append(verify_chain(cid, ep, entries, checkpoints, key_pinned))
+            continue
+        for tid, cps in assign_checkpoints(cid, ep, by_trace, checkpoints).items():
+            report = verify_chain(cid, ep, by_trace[tid], cps, key_pinned)
+            report.trace_id = tid
+            reports.append(report)
+    reports.sort(key=lambda r: (r.chain_id, r.epoch, r.trace_id or ""))
     return reports
 
 
@@ -364,6 +381,15 @@ def verify_store(
                 expect.append((cid, ep))
     with _gc_paused():  # a million acyclic entries: collections would only re-scan them
         return verify_rows(rows, checkpoints, key_pinned=bool(verifiers), expect=expect)
+
+
+def _names_own_head(cp: Any, entries: dict[int, Entry]) -> bool:
+    """Whether a checkpoint's chain head is this chain's entry at ``size - 1`` (or it names none)."""
+    head = cp.chain_head
+    if head is None:
+        return True
+    e = entries.get(cp.size - 1)
+    return e is not None and e.hash == head
 
 
 @contextlib.contextmanager
@@ -405,13 +431,13 @@ def prove_span(
     entries = {}
     for row in load_rows(reader, "chain_id = ?", [chain_id]):
         cid, ep, e = row_entry(row)
-        if (cid, ep) == (chain_id, epoch):
+        if (cid, ep, e.trace_id) == (chain_id, epoch, target.trace_id):  # a chain lives in one trace
             entries[e.seq] = e
     checkpoints = parse_notes(store_notes(reader) + file_notes(checkpoint_files), verifiers)
     candidates = sorted(
         (c for c in checkpoints
          if c.trusted is not False and c.checkpoint.size > target.seq
-         and parse_origin(c.checkpoint.origin) == (chain_id, epoch)),
+         and parse_origin(c.checkpoint.origin) == (chain_id, epoch) and _names_own_head(c.checkpoint, entries)),
         key=lambda c: c.checkpoint.size,
     )
     if not candidates:
