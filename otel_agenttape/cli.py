@@ -29,20 +29,40 @@ def default_db() -> str:
     return _env("DB", "./agenttape.duckdb") or "./agenttape.duckdb"
 
 
+def _port(value: int | None, env: str, default: int) -> int:
+    """``--*-port`` if given, else ``AGENTTAPE_<env>``, else ``default``; read only by ``serve`` so a bad
+    variable cannot break the other commands."""
+    source = f"--{env.lower().replace('_', '-')}"
+    if value is None:
+        raw = (_env(env) or "").strip()
+        if not raw:
+            return default
+        source = f"AGENTTAPE_{env}={raw!r}"
+        try:
+            value = int(raw)
+        except ValueError:
+            raise CliError(f"{source} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise CliError(f"{source}: a port is between 0 and 65535")
+    return value
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the OTLP receiver in the foreground until SIGINT/SIGTERM."""
     import signal
 
     from otel_agenttape.receiver.server import TapeServer, read_discovery
 
+    http_port = _port(args.http_port, "HTTP_PORT", 4318)
+    grpc_port = _port(args.grpc_port, "GRPC_PORT", 4317)
     holder = read_discovery(args.db)
     if holder is not None and holder.get("pid") != os.getpid():
         raise CliError(f"{args.db} is already served by pid {holder['pid']} at {holder.get('url')}")
     server = TapeServer(
         args.db,
         host=args.host,
-        http_port=args.http_port,
-        grpc_port=args.grpc_port,
+        http_port=http_port,
+        grpc_port=grpc_port,
         parquet_dir=args.parquet_dir,
         token=args.token,
         ingest_workers=args.ingest_workers,
@@ -85,10 +105,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
+        dup = summary["duplicates"]
         print(
             f"ingested {summary['spans']} spans and {summary['logs']} log records from {summary['files']} file(s)"
             f" into {summary['target']}; {summary['rejected']} rejected"
             + (f" ({summary['message']})" if summary["message"] else "")
+            + (f"; {dup} already stored (duplicates)" if dup is not None
+               else "; duplicates are counted by the server (/metrics)")
         )
     return EXIT_FAILED if summary["rejected"] else EXIT_OK
 
@@ -126,6 +149,8 @@ def _store_call(fn: object, *a: object, **kw: object) -> int:
 
     try:
         return int(fn(*a, **kw))  # type: ignore[operator]
+    except BrokenPipeError:
+        raise  # the reader of our output went away: main() exits 0
     except (StoreError, FileExistsError, OSError) as exc:
         raise CliError(str(exc)) from None
 
@@ -199,15 +224,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import json
 
     from otel_agenttape.demo import run_demo
-    from otel_agenttape.store.reader import open_reader
+    from otel_agenttape.receiver.server import read_discovery
+    from otel_agenttape.store.reader import StoreError, open_reader
     from otel_agenttape.tape.rebuild import reconstruct_tree
     from otel_agenttape.tape.verification import verify_store
 
+    holder = read_discovery(args.db)
+    if holder is not None:
+        raise CliError(f"cannot run the demo: {args.db} is in use by `agenttape serve` (pid {holder['pid']} at "
+                       f"{holder.get('url')}); use another --db")
     try:
         result = run_demo(args.db)
-    except OSError as exc:
+    except (OSError, StoreError) as exc:
         raise CliError(f"cannot run the demo: {exc}") from None
-    reader = open_reader(args.db)
+    try:
+        reader = open_reader(args.db)
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
     try:
         tree = reconstruct_tree(reader, result["run_id"])
         reports = verify_store(reader)
@@ -296,10 +329,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the OTLP receiver (gRPC + HTTP) writing to the tape store")
     p.add_argument("--db", default=default_db(), help="DuckDB file (env AGENTTAPE_DB)")
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="bind address (env AGENTTAPE_HOST)")
-    p.add_argument("--http-port", type=int, default=int(_env("HTTP_PORT", "4318") or 4318),
-                   help="OTLP/HTTP port, 0 = any free port (env AGENTTAPE_HTTP_PORT)")
-    p.add_argument("--grpc-port", type=int, default=int(_env("GRPC_PORT", "4317") or 4317),
-                   help="OTLP/gRPC port, 0 = any free port (env AGENTTAPE_GRPC_PORT)")
+    p.add_argument("--http-port", type=int, default=None,
+                   help="OTLP/HTTP port, 0 = any free port (env AGENTTAPE_HTTP_PORT, default 4318)")
+    p.add_argument("--grpc-port", type=int, default=None,
+                   help="OTLP/gRPC port, 0 = any free port (env AGENTTAPE_GRPC_PORT, default 4317)")
     p.add_argument("--parquet-dir", default=_env("PARQUET_DIR"), help="also write a Parquet lake here")
     p.add_argument("--token", default=_env("TOKEN"), help="require Authorization: Bearer TOKEN (env AGENTTAPE_TOKEN)")
     p.add_argument("--ingest-workers", type=int, default=None, metavar="N",

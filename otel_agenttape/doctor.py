@@ -61,6 +61,33 @@ def _export_settings() -> Check:
     return Check("export settings", True, f"setup() without arguments exports to {endpoint} over {protocol}", env)
 
 
+def _signing_key() -> Check | None:
+    """When ``AGENTTAPE_SIGNING_KEY`` is set, it must be a readable private key: otherwise ``setup()``
+    records unsealed (with a warning) instead of signing checkpoints."""
+    from otel_agenttape.integrity.note import NoteError, Signer
+
+    value = os.environ.get("AGENTTAPE_SIGNING_KEY")
+    if not value:
+        return None
+    where = "AGENTTAPE_SIGNING_KEY"
+    try:
+        if value.startswith("PRIVATE+KEY+"):
+            text = value
+        else:
+            where = f"AGENTTAPE_SIGNING_KEY={value}"
+            text = Path(value).read_text(encoding="utf-8").strip()
+        signer = Signer.parse(text)
+    except OSError as exc:
+        return Check("signing key", False, f"{where}: cannot read it ({exc.strerror or exc}); "
+                                           f"sealing is off until it points at a key from `agenttape keygen`")
+    except (UnicodeDecodeError, NoteError) as exc:
+        why = "not a text file" if isinstance(exc, UnicodeDecodeError) else str(exc)
+        return Check("signing key", False, f"{where}: not a private signing key ({why}); sealing is off until "
+                                           f"it points at the PREFIX.key file of `agenttape keygen`")
+    vkey = signer.verifier().vkey()
+    return Check("signing key", True, f"{where}: key {signer.name}; verify with --key {vkey}", {"vkey": vkey})
+
+
 def _scrape(url: str, token: str | None) -> dict[str, float]:
     req = urllib.request.Request(url.rstrip("/") + "/metrics")
     if token:
@@ -134,6 +161,9 @@ def diagnose(db: str) -> list[Check]:
     from otel_agenttape.receiver.server import read_discovery
 
     checks = [_versions(), _export_settings()]
+    key = _signing_key()
+    if key is not None:
+        checks.append(key)
     info = read_discovery(db)
     if info is not None:
         checks += _served(db, info)

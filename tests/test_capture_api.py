@@ -339,6 +339,29 @@ def test_sealing_processor_is_wrapped_when_available(monkeypatch):
     tape.shutdown()
 
 
+def test_seal_options_typo_raises_at_setup():
+    # the real sealing processor: a misspelt keyword must not silently turn sealing off
+    with pytest.raises(TypeError, match="checkpoint_evry"):
+        otel_agenttape.setup(exporter=InMemorySpanExporter(), seal_options={"checkpoint_evry": 5})
+    with pytest.raises(TypeError, match="max_queue_sizee"):
+        otel_agenttape.setup(exporter=InMemorySpanExporter(), queue_options={"max_queue_sizee": 5})
+
+
+def test_unreadable_signing_key_warns_and_counts(monkeypatch, tmp_path, caplog):
+    missing = tmp_path / "nope.key"
+    monkeypatch.setenv("AGENTTAPE_SIGNING_KEY", str(missing))
+    with caplog.at_level("WARNING", logger="otel_agenttape.capture.pipeline"):
+        tape = otel_agenttape.setup(exporter=InMemorySpanExporter())
+    try:
+        stats = tape.stats()
+        assert stats["sealing_unavailable"] == 1 and stats["sealing_active"] == 0
+        warnings = [r for r in caplog.records if r.name == "otel_agenttape.capture.pipeline"]
+        assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+        assert "sealing is off" in warnings[0].getMessage() and str(missing) in warnings[0].getMessage()
+    finally:
+        tape.shutdown()
+
+
 def test_unsealed_when_sealing_module_missing(cap):
     tape, _ = cap
     assert tape.stats()["sealing_unavailable"] == 1 and tape.stats()["sealing_active"] == 0

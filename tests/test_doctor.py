@@ -56,3 +56,19 @@ def test_doctor_offline_counts_what_is_stored(tmp_path, capsys):
     code, checks = _doctor(capsys, db)
     assert code == 0
     assert checks["store"]["data"]["spans"] == 0
+
+
+def test_doctor_checks_the_signing_key(tmp_path, capsys, monkeypatch):
+    db = tmp_path / "t.duckdb"
+    TapeServer(str(db), http_port=0, grpc_port=0).start().stop()
+    assert main(["keygen", "--out", str(tmp_path / "k"), "--name", "doc"]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("AGENTTAPE_SIGNING_KEY", str(tmp_path / "k.key"))
+    code, checks = _doctor(capsys, db)
+    assert code == 0 and checks["signing key"]["ok"] and checks["signing key"]["data"]["vkey"].startswith("doc+")
+    for bad, why in ((tmp_path / "missing.key", "cannot read"), (tmp_path / "k.pub", "not a private signing key")):
+        monkeypatch.setenv("AGENTTAPE_SIGNING_KEY", str(bad))
+        code, checks = _doctor(capsys, db)
+        assert code == 1 and not checks["signing key"]["ok"] and why in checks["signing key"]["detail"]
+    monkeypatch.delenv("AGENTTAPE_SIGNING_KEY")
+    assert "signing key" not in _doctor(capsys, db)[1]

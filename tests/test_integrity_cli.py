@@ -97,3 +97,59 @@ def test_verify_exit_1_and_json_reason_on_tampering(tmp_path, capsys) -> None:
 def test_verify_usage_errors(tmp_path, capsys) -> None:
     assert main(["verify", "--db", str(tmp_path / "missing.duckdb")]) == 2
     assert main(["verify-proof", str(tmp_path / "none.json"), "--key", "x+1+2"]) == 2
+
+
+def test_integrity_commands_report_bad_input_in_one_line(tmp_path, capsys) -> None:
+    _key, db, _cp, _, span_id = _setup(tmp_path, capsys)
+    pub = str(tmp_path / "k.pub")
+    proof = tmp_path / "proof.json"
+    assert main(["prove", span_id, "--db", db, "--key", pub, "--out", str(proof)]) == 0
+    capsys.readouterr()
+    # valid JSON that is not a proof object: INVALID (exit 1), no traceback
+    for text in ("[1, 2]", "3", '"x"', "null"):
+        (tmp_path / "notproof.json").write_text(text)
+        assert main(["verify-proof", str(tmp_path / "notproof.json"), "--key", pub]) == 1, text
+        assert "INVALID proof: not an agenttape proof" in capsys.readouterr().out
+    doc = orjson.loads(proof.read_bytes())
+    for bad in ({**doc, "leaf": 7}, {**doc, "leaf": "[1]"}, {**doc, "inclusion": 5}):
+        (tmp_path / "bad.json").write_bytes(orjson.dumps(bad))
+        assert main(["verify-proof", str(tmp_path / "bad.json"), "--key", pub]) == 1
+        assert "INVALID proof" in capsys.readouterr().out
+    # a binary --key file, a key path that does not exist, and key text that is not a key
+    (tmp_path / "bin.pub").write_bytes(b"\xff\xfe\x00\x81binary")
+    for cmd in (["verify-proof", str(proof)], ["verify", "--db", db], ["prove", span_id, "--db", db, "--out", "o"]):
+        assert main([*cmd, "--key", str(tmp_path / "bin.pub")]) == 2
+        assert capsys.readouterr().err.strip() == f"agenttape: error: bad --key {tmp_path / 'bin.pub'}: not a text key file"
+        for missing in (str(tmp_path / "nokey.pub"), "nokey.pub", "keys/signer"):
+            assert main([*cmd, "--key", missing]) == 2
+            assert capsys.readouterr().err.strip() == f"agenttape: error: bad --key {missing}: no such file"
+        assert main([*cmd, "--key", "notakey"]) == 2
+        assert "bad --key notakey: malformed verifier key" in capsys.readouterr().err
+
+
+def test_verify_unknown_run_is_exit_2_and_prove_errors_go_to_stderr(tmp_path, capsys) -> None:
+    _key, db, _cp, _, _span_id = _setup(tmp_path, capsys)
+    assert main(["verify", "--db", db, "--run", "nope"]) == 2
+    assert capsys.readouterr().err.strip() == "agenttape: error: run not found: nope"
+    assert main(["verify", "--db", db, "--run", "nope", "--json"]) == 2
+    assert capsys.readouterr().out == ""
+    assert main(["verify", "--db", db, "--run", "cli-run"]) == 0
+    capsys.readouterr()
+    # a run that exists but holds no sealed span: found, not verified (exit 1)
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider, exporter = TracerProvider(), InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("t").start_as_current_span("invoke_agent", attributes={semconv.RUN_ID: "plain-run"}):
+        pass
+    provider.shutdown()
+    store = Store(db)
+    store.write_traces([encode(exporter.get_finished_spans())])
+    store.close()
+    assert main(["verify", "--db", db, "--run", "plain-run"]) == 1
+    assert "no sealed tapes found for run plain-run" in capsys.readouterr().out
+    assert main(["prove", "00000000000000aa", "--db", db, "--out", str(tmp_path / "p.json")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("agenttape: cannot prove:")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import pytest
 from google.protobuf import json_format
@@ -89,10 +90,26 @@ def test_serve_defaults_from_environment(monkeypatch):
     monkeypatch.setenv("AGENTTAPE_GRPC_PORT", "5317")
     monkeypatch.setenv("AGENTTAPE_TOKEN", "envtok")
     args = cli._build_parser().parse_args(["serve"])
-    assert (args.db, args.host, args.http_port, args.grpc_port, args.token) == (
-        "/tmp/x.duckdb", "127.0.0.1", 0, 5317, "envtok")
+    # the port variables are read when serve runs, so a bad one cannot break other commands
+    ports = (cli._port(args.http_port, "HTTP_PORT", 4318), cli._port(args.grpc_port, "GRPC_PORT", 4317))
+    assert (args.db, args.host, *ports, args.token) == ("/tmp/x.duckdb", "127.0.0.1", 0, 5317, "envtok")
+    args = cli._build_parser().parse_args(["serve", "--http-port", "7000"])
+    assert cli._port(args.http_port, "HTTP_PORT", 4318) == 7000
     with pytest.raises(SystemExit):
         cli._build_parser().parse_args(["serve", "--http-port", "notaport"])
+
+
+def test_bad_port_variable_breaks_only_serve(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("AGENTTAPE_HTTP_PORT", "abc")
+    db = str(tmp_path / "none.duckdb")
+    assert cli.main(["runs", "--db", db]) == 2  # parsed fine; fails only on the missing store
+    assert "no tape store" in capsys.readouterr().err
+    assert cli.main(["serve", "--db", db]) == 2
+    assert "AGENTTAPE_HTTP_PORT='abc' is not a port number" in capsys.readouterr().err
+    monkeypatch.setenv("AGENTTAPE_HTTP_PORT", "70000")
+    assert cli.main(["serve", "--db", db]) == 2
+    assert "between 0 and 65535" in capsys.readouterr().err
+    assert not os.path.exists(db)
 
 
 def test_read_commands_work_while_the_server_holds_the_db(tmp_path):
@@ -120,5 +137,69 @@ def test_read_commands_work_while_the_server_holds_the_db(tmp_path):
                                   "SELECT * FROM read_text('/etc/passwd')", "--db", db],
                                  capture_output=True, text=True, env=free_env(), timeout=60)
         assert refused.returncode != 0 and "root:" not in refused.stdout
+    finally:
+        srv.stop()
+
+
+def test_ingest_tells_json_from_protobuf_by_name_then_content(tmp_path, capsys):
+    db = str(tmp_path / "fmt.duckdb")
+    req = trace_request(2)
+    doc = json.dumps(_otlp_json(req)).encode()
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + doc)  # a UTF-8 BOM, as some editors write
+    (tmp_path / "noext").write_bytes(b"\xef\xbb\xbf  " + doc)
+    (tmp_path / "pretty.json.gz").write_bytes(gzip.compress(json.dumps(_otlp_json(req), indent=2).encode()))
+    assert cli.main(["ingest", *(str(tmp_path / n) for n in ("bom.json", "noext", "pretty.json.gz")),
+                     "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["spans"] == 6
+    # a protobuf request whose first field is 123 bytes long starts with "\n{": read as protobuf by its name,
+    # and by content when it has no known extension
+    odd = trace_request(1, service="svc" + "x" * (0x7B - trace_request(1).resource_spans[0].ByteSize()))
+    raw = odd.SerializeToString()
+    assert raw[:2] == b"\n{"
+    for name in ("odd.binpb", "odd-export"):
+        (tmp_path / name).write_bytes(raw)
+        assert cli.main(["ingest", str(tmp_path / name), "--db", db, "--json"]) == 0, name
+        assert json.loads(capsys.readouterr().out)["spans"] == 1
+
+
+def test_ingest_reports_the_real_json_error_and_empty_files(tmp_path, capsys):
+    db = str(tmp_path / "err.duckdb")
+    # a pretty-printed document broken on line 3: the whole-document error, with its position
+    (tmp_path / "broken.json").write_text('{\n  "resourceSpans": [\n    {,}\n  ]\n}\n')
+    assert cli.main(["ingest", str(tmp_path / "broken.json"), "--db", db]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'broken.json'}: invalid JSON:" in err and "line 3" in err and "broken.json:1" not in err
+    # JSON lines with one bad line: that line's error
+    good = json.dumps(_otlp_json(trace_request(1)))
+    (tmp_path / "lines.jsonl").write_text(f"{good}\n{good}\n{{\"resourceSpans\": [\n")
+    assert cli.main(["ingest", str(tmp_path / "lines.jsonl"), "--db", db]) == 2
+    assert f"{tmp_path / 'lines.jsonl'}:3: invalid JSON" in capsys.readouterr().err
+    # a .json name holding protobuf bytes: a JSON error, not a silent protobuf guess
+    (tmp_path / "proto.json").write_bytes(trace_request(1).SerializeToString())
+    assert cli.main(["ingest", str(tmp_path / "proto.json"), "--db", db]) == 2
+    assert "invalid JSON" in capsys.readouterr().err
+    for name, content in (("empty.json", b""), ("blank.jsonl", b"\n \n"), ("empty.pb", b""),
+                          ("empty.json.gz", gzip.compress(b""))):
+        (tmp_path / name).write_bytes(content)
+        assert cli.main(["ingest", str(tmp_path / name), "--db", db]) == 2, name
+        assert f"no OTLP data in {tmp_path / name}" in capsys.readouterr().err
+    assert not os.path.exists(db)
+
+
+def test_ingest_counts_duplicates_or_says_the_server_does(tmp_path, capsys):
+    db = str(tmp_path / "dup.duckdb")
+    (tmp_path / "r.pb").write_bytes(trace_request(3).SerializeToString())
+    assert cli.main(["ingest", str(tmp_path / "r.pb"), "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["duplicates"] == 0
+    assert cli.main(["ingest", str(tmp_path / "r.pb"), "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["duplicates"] == 3
+    assert cli.main(["ingest", str(tmp_path / "r.pb"), "--db", db]) == 0
+    assert "; 3 already stored (duplicates)" in capsys.readouterr().out
+    srv = TapeServer(db, http_port=0, grpc_port=0).start()
+    try:
+        assert cli.main(["ingest", str(tmp_path / "r.pb"), "--db", db, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["duplicates"] is None  # the server's response cannot say
+        assert cli.main(["ingest", str(tmp_path / "r.pb"), "--db", db]) == 0
+        assert "duplicates are counted by the server" in capsys.readouterr().out
     finally:
         srv.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -106,6 +107,15 @@ def test_cli_resume_index_from_otlp_file(tmp_path, capsys):
     loaded = ResumeIndex.load_json(out)
     assert agent(loaded, world) == first and world.model == 4
     assert cli(["resume-index", "nope", "--otlp", str(otlp), "--out", str(tmp_path / "x.json")]) == 2
+    capsys.readouterr()
+    missing_dir = tmp_path / "no" / "such" / "o.json"
+    assert cli(["resume-index", "run-1", "--otlp", str(otlp), "--out", str(missing_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"agenttape: error: cannot write {missing_dir}:") and len(err.splitlines()) == 1
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro" / "o.json").mkdir()  # a folder where the file should go: no temp file is left behind
+    assert cli(["resume-index", "run-1", "--otlp", str(otlp), "--out", str(tmp_path / "ro" / "o.json")]) == 2
+    assert os.listdir(tmp_path / "ro") == ["o.json"]
 
 
 def test_foreign_spans_without_keys_still_resume(tmp_path):

@@ -71,3 +71,83 @@ def test_cli_process_env_default_db(db):
                           "--json"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [{"n": 3}]
+
+
+def test_sql_csv_uses_plain_newlines(db, capsys):
+    assert main(["sql", "SELECT 1 AS a, 'x' AS b UNION ALL SELECT 2, 'y' ORDER BY a", "--db", db, "--csv"]) == 0
+    assert capsys.readouterr().out == "a,b\n1,x\n2,y\n"
+
+
+def test_sql_into_a_closed_pipe_exits_0_quietly(db):
+    proc = subprocess.Popen([sys.executable, "-m", "otel_agenttape", "sql", "SELECT * FROM range(100000)",
+                             "--db", db], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"range"
+    proc.stdout.close()  # as `| head -1` does
+    assert proc.wait(60) == 0
+    assert proc.stderr.read() == b""
+
+
+def test_export_of_an_empty_store_is_a_readable_lake(tmp_path, capsys):
+    db, lake = str(tmp_path / "empty.duckdb"), str(tmp_path / "lake")
+    Store(db).close()
+    assert main(["export", "parquet", lake, "--db", db, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"]["run_traces"] == 0
+    assert main(["runs", "--db", lake, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["sql", "SELECT count(*) AS n FROM spans", "--db", lake, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 0}]
+    (tmp_path / "plain").mkdir()
+    assert main(["runs", "--db", str(tmp_path / "plain")]) == 2
+    assert "not a Parquet lake" in capsys.readouterr().err
+
+
+def test_broken_or_empty_db_file_is_not_called_locked(tmp_path, capsys):
+    for content in (b"", b"garbage, not a database\n"):
+        bad = tmp_path / "bad.duckdb"
+        bad.write_bytes(content)
+        for argv in (["runs", "--db", str(bad)], ["sql", "SELECT 1", "--db", str(bad)],
+                     ["ingest", str(tmp_path / "t.json"), "--db", str(bad)]):
+            (tmp_path / "t.json").write_text('{"resourceSpans": []}')
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert err.startswith(f"agenttape: error: cannot open {bad}:") and "not a valid DuckDB database" in err
+            assert "locked" not in err and len(err.splitlines()) == 1
+
+
+def _hold_lock(path: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", "import duckdb, sys\nc = duckdb.connect(sys.argv[1])\n"
+                             "print('ready', flush=True)\nsys.stdin.read()", path],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_db_in_use_by_another_process_is_one_line_exit_2(db, tmp_path, capsys):
+    (tmp_path / "t.json").write_text('{"resourceSpans": []}')
+    holder = _hold_lock(db)
+    try:
+        for argv, prefix in ((["demo", "--db", db], "cannot run the demo: "),
+                             (["ingest", str(tmp_path / "t.json"), "--db", db], ""),
+                             (["serve", "--db", db, "--http-port", "0", "--grpc-port", "0"],
+                              "cannot start the receiver: ")):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert err == f"agenttape: error: {prefix}{db} is in use by another process (pid {holder.pid})\n"
+        assert main(["runs", "--db", db]) == 2
+        assert f"{db} is locked by another process (pid {holder.pid})" in capsys.readouterr().err
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+
+
+def test_store_that_cannot_be_created_is_exit_2(tmp_path, capsys):
+    (tmp_path / "t.json").write_text('{"resourceSpans": []}')
+    missing = str(tmp_path / "no" / "dir" / "x.duckdb")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for argv in (["demo", "--db", missing], ["demo", "--db", str(folder)],
+                 ["ingest", str(tmp_path / "t.json"), "--db", missing],
+                 ["serve", "--db", missing, "--http-port", "0", "--grpc-port", "0"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("agenttape: error: ") and "cannot open" in err and len(err.splitlines()) == 1

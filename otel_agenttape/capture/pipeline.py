@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import collections
+import inspect
 import itertools
+import logging
 import os
 import threading
 import time
@@ -23,6 +25,8 @@ from otel_agenttape import semconv as sc
 from otel_agenttape.capture.listener import SCOPE_NAME
 from otel_agenttape.capture.redact import Redactor
 from otel_agenttape.capture.stats import CaptureStats
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUE_SIZE = 8192
 DEFAULT_MAX_EXPORT_BATCH_SIZE = 512
@@ -369,6 +373,18 @@ def _load_sealing() -> type | None:
     return getattr(importlib.import_module(SEALING_MODULE), "SealingSpanProcessor", None)
 
 
+def _check_seal_options(sealing_cls: type, options: Mapping[str, Any]) -> None:
+    """Raise ``TypeError`` for a keyword the sealing processor does not take (as ``queue_options`` does)."""
+    try:
+        sig = inspect.signature(sealing_cls)
+    except (TypeError, ValueError):  # no signature to check against: the constructor will say
+        return
+    try:
+        sig.bind(None, **dict(options))
+    except TypeError as exc:
+        raise TypeError(f"seal_options: {exc}") from None
+
+
 def _sealing_counts(sealer: Any) -> dict[str, int]:
     """The sealing processor's own counters (it swallows its errors and forwards unsealed)."""
     out = {}
@@ -393,15 +409,19 @@ def build_processor_chain(
     Redaction comes before sealing so the chain covers exactly what leaves the process. When the
     sealing module is not available the chain runs unsealed and ``sealing_unavailable`` is set.
     """
-    queue = QueueingSpanProcessor(exporter, stats=stats, **dict(queue_options or {}))
-    stats.add_source(queue.stats_source)
-    head: SpanProcessor = queue
-    stats.set("sealing_active", 0)
+    sealing_cls = None
     if seal:
         try:
             sealing_cls = _load_sealing()
         except Exception:
             sealing_cls = None
+        if sealing_cls is not None:
+            _check_seal_options(sealing_cls, seal_options or {})  # a typo is the caller's bug: raise now
+    queue = QueueingSpanProcessor(exporter, stats=stats, **dict(queue_options or {}))
+    stats.add_source(queue.stats_source)
+    head: SpanProcessor = queue
+    stats.set("sealing_active", 0)
+    if seal:
         if sealing_cls is None:
             stats.set("sealing_unavailable", 1)
         else:
@@ -410,7 +430,9 @@ def build_processor_chain(
                 head = SealGuard(sealer, queue, stats)
                 stats.set("sealing_active", 1)
                 stats.add_source(lambda: _sealing_counts(sealer))
-            except Exception:
+            except Exception as exc:  # e.g. an unreadable AGENTTAPE_SIGNING_KEY: record unsealed, but say so
+                log.warning("agenttape: sealing is off for this process, spans are exported unsealed: %s: %s",
+                            type(exc).__name__, exc)
                 stats.incr("sealing_errors")
                 stats.set("sealing_unavailable", 1)
     if redactor is not None:

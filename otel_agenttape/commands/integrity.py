@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,15 +17,34 @@ from otel_agenttape.tape.verification import ProveError, prove_span, verify_stor
 # --- command line ---------------------------------------------------------------------------------------
 
 
-def _verifiers(keys: Sequence[str] | None) -> list[Verifier]:
-    out = []
-    for k in keys or ():
-        text = k
-        if os.path.exists(k):
-            with open(k, encoding="utf-8") as fh:
+def _looks_like_path(text: str) -> bool:
+    return os.sep in text or "/" in text or text.endswith((".pub", ".key"))
+
+
+def _parse_key(arg: str) -> Verifier:
+    """``--key``: a file holding a verifier key, or the key text itself (``name+hash+base64``)."""
+    from otel_agenttape.integrity.note import NoteError
+
+    if os.path.exists(arg):
+        try:
+            with open(arg, encoding="utf-8") as fh:
                 text = fh.read().strip()
-        out.append(Verifier.parse(text))
-    return out
+        except UnicodeDecodeError:
+            raise CliError(f"bad --key {arg}: not a text key file") from None
+        except OSError as exc:
+            raise CliError(f"bad --key {arg}: {exc.strerror or exc}") from None
+    else:
+        text = arg
+    try:
+        return Verifier.parse(text)
+    except NoteError as exc:
+        if text is arg and _looks_like_path(arg):  # key names and base64 hold "/" too: parse first
+            raise CliError(f"bad --key {arg}: no such file") from None
+        raise CliError(f"bad --key {arg}: {exc}") from None
+
+
+def _verifiers(keys: Sequence[str] | None) -> list[Verifier]:
+    return [_parse_key(k) for k in keys or ()]
 
 
 def _open(args: Any) -> Any:
@@ -32,19 +52,17 @@ def _open(args: Any) -> Any:
 
 
 def _keys(args: Any) -> list[Verifier]:
-    from otel_agenttape.integrity.note import NoteError
+    return _verifiers(args.key)
 
-    try:
-        return _verifiers(args.key)
-    except (OSError, NoteError) as exc:
-        raise CliError(f"bad --key: {exc}") from None
+
+def _run_exists(reader: Any, run: str) -> bool:
+    """Whether any span belongs to ``run`` (as its run id or its tape's chain id)."""
+    found = reader.query("SELECT 1 AS x FROM spans WHERE run_id = ? OR chain_id = ? LIMIT 1", [run, run])
+    return found.num_rows > 0
 
 
 def cmd_verify(args: Any) -> int:
-    """``agenttape verify``: exit 0 when every tape verifies, 1 otherwise."""
-    import sys
-
-
+    """``agenttape verify``: exit 0 when every tape verifies, 1 otherwise (2 for an unknown ``--run``)."""
     verifiers = _keys(args)
     for path in args.checkpoints or ():
         if not os.path.exists(path):
@@ -52,6 +70,8 @@ def cmd_verify(args: Any) -> int:
     reader = _open(args)
     try:
         reports = verify_store(reader, run=args.run, verifiers=verifiers, checkpoint_files=args.checkpoints or ())
+        if not reports and args.run is not None and not _run_exists(reader, args.run):
+            raise CliError(f"run not found: {args.run}")
     finally:
         reader.close()
     ok = bool(reports) and all(r.valid for r in reports)
@@ -64,6 +84,8 @@ def cmd_verify(args: Any) -> int:
         return 1
     for r in reports:
         epoch = f" epoch {r.epoch}" if r.epoch else ""
+        if r.trace_id:  # the same tape id and epoch opened in several traces (integrity.md section 2)
+            epoch += f" (trace {r.trace_id})"
         signed = f", signed up to {r.signed_size}" if r.key_pinned else ""
         if r.valid:
             print(f"ok    {r.chain_id}{epoch}: {r.length} entries{signed}")
@@ -86,7 +108,7 @@ def cmd_prove(args: Any) -> int:
     try:
         proof = prove_span(reader, args.span_id, verifiers=verifiers, checkpoint_files=args.checkpoints or ())
     except ProveError as exc:
-        print(f"agenttape: cannot prove: {exc}")
+        print(f"agenttape: cannot prove: {exc}", file=sys.stderr)
         return 1
     finally:
         reader.close()

@@ -19,7 +19,10 @@ def cmd_resume_index(args: argparse.Namespace) -> int:
         reader.close()
     if len(index) == 0:
         raise CliError(f"no model or tool nodes recorded for run {args.run}")
-    index.save_json(args.out)
+    try:
+        index.save_json(args.out)
+    except OSError as exc:
+        raise CliError(f"cannot write {args.out}: {exc}") from None
     counts = {k: len(index.entries(k)) for k in ("model", "tool")}
     if getattr(args, "json", False):
         print(orjson.dumps({"run": args.run, "out": str(args.out), **counts}).decode())

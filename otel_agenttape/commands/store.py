@@ -66,7 +66,7 @@ def print_table(table: pa.Table, out: TextIO, fmt: str = "text") -> None:
         out.write(json.dumps([_jsonable(r) for r in rows], ensure_ascii=False, default=str) + "\n")
         return
     if fmt == "csv":
-        w = csv.writer(out)
+        w = csv.writer(out, lineterminator="\n")
         w.writerow(table.column_names)
         for r in rows:
             w.writerow(["" if r[c] is None else _jsonable(r[c]) for c in table.column_names])

@@ -65,8 +65,10 @@ class ProofResult:
     signed_by: tuple[str, ...]
 
 
-def verify_proof(doc: dict[str, Any], verifiers: Sequence[Verifier]) -> ProofResult:
+def verify_proof(doc: Any, verifiers: Sequence[Verifier]) -> ProofResult:
     """Raise ``ProofInvalid`` unless the proof holds against a checkpoint signed by a pinned key."""
+    if not isinstance(doc, dict):
+        raise ProofInvalid(f"not an agenttape proof (a JSON {type(doc).__name__}, not an object)")
     try:
         if doc.get("format") != PROOF_FORMAT:
             raise ProofInvalid("not an agenttape proof")
@@ -79,13 +81,15 @@ def verify_proof(doc: dict[str, Any], verifiers: Sequence[Verifier]) -> ProofRes
             raise ProofInvalid("tree size differs from the checkpoint")
         leaf = doc["leaf"].encode("utf-8")
         span = orjson.loads(leaf)
+        if not isinstance(span, dict):
+            raise ProofInvalid("malformed proof: the leaf is not a JSON object")
         if span.get("span_id") != doc.get("span_id") or span.get("trace_id") != doc.get("trace_id"):
             raise ProofInvalid("leaf is not the named span")
         proof = [base64.b64decode(h, validate=True) for h in doc["inclusion"]]
         verify_inclusion(index, cp.size, leaf_hash(leaf), proof, cp.root)
     except (NoteError, CheckpointError, ProofError) as exc:
         raise ProofInvalid(str(exc)) from exc
-    except (KeyError, TypeError, ValueError, orjson.JSONDecodeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as exc:
         if isinstance(exc, ProofInvalid):
             raise
         raise ProofInvalid(f"malformed proof: {exc}") from exc

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,38 +47,86 @@ def _decode(signal: str, body: bytes, media: str) -> Validated:
     return validate_traces(decode_traces(body, media))
 
 
-def read_otlp_file(path: str | os.PathLike[str], signal: str | None = None) -> Iterator[tuple[str, Validated]]:
-    """Yield ``(signal, validated request)`` for every request in the file; raises ``DecodeError``.
+_JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
+_PROTOBUF_SUFFIXES = (".pb", ".binpb", ".protobuf", ".proto", ".bin")
+_BOM = b"\xef\xbb\xbf"
 
-    ``signal`` forces ``traces`` or ``logs`` for protobuf files (JSON says which it is); by default a
-    protobuf file is read as logs when its name contains ``log``, else as traces.
+
+def _format_by_name(path: Path) -> str | None:
+    """``json`` or ``protobuf`` from the name (``.json``/``.jsonl``, ``.pb``/``.binpb``..., before ``.gz``)."""
+    name = path.name.lower()
+    for gz in (".gz", ".gzip"):
+        name = name.removesuffix(gz)
+    if name.endswith(_JSON_SUFFIXES):
+        return "json"
+    if name.endswith(_PROTOBUF_SUFFIXES):
+        return "protobuf"
+    return None
+
+
+def _json_documents(p: Path, data: bytes) -> list[tuple[int | None, bytes, Any]]:
+    """``(line number or None, raw, parsed)`` of one JSON document, or of each line of JSON lines."""
+    try:
+        return [(None, data, orjson.loads(data))]
+    except orjson.JSONDecodeError as whole:
+        lines = [(n, line) for n, line in enumerate(data.splitlines(), 1) if line.strip()]
+        if len(lines) < 2 or not all(line.lstrip().startswith(b"{") for _, line in lines):
+            raise DecodeError(f"{p}: invalid JSON: {whole}") from None
+    docs: list[tuple[int | None, bytes, Any]] = []
+    for n, line in lines:
+        try:
+            docs.append((n, line, orjson.loads(line)))
+        except orjson.JSONDecodeError as exc:
+            raise DecodeError(f"{p}:{n}: invalid JSON: {exc}") from None
+    return docs
+
+
+def read_otlp_file(path: str | os.PathLike[str], signal: str | None = None) -> list[tuple[str, Validated]]:
+    """``(signal, validated request)`` for every request in the file; raises ``DecodeError``.
+
+    JSON or protobuf is told by the name (``.json``, ``.jsonl``, ``.pb``, ``.binpb``... before ``.gz``),
+    else by the content. ``signal`` forces ``traces`` or ``logs`` for protobuf files (JSON says which it is); by default a
+    protobuf file is read as logs when its name contains ``log``, else as traces. An empty file is an
+    error: it is more likely a failed export than an export of nothing.
     """
     p = Path(path)
     data = _load(p)
-    head = data.lstrip()[:1]
-    if head in (b"{", b""):
-        try:
-            doc = orjson.loads(data) if head else {}
-            lines = [(data, doc)]
-        except orjson.JSONDecodeError:
-            lines = []
-            for n, line in enumerate(data.splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    lines.append((line, orjson.loads(line)))
-                except orjson.JSONDecodeError as exc:
-                    raise DecodeError(f"{p}:{n}: invalid JSON: {exc}") from None
-        for n, (raw, doc) in enumerate(lines, 1):
-            sig = _json_signal(doc)
+    if data.startswith(_BOM):
+        data = data[len(_BOM):]
+    if not data.strip():
+        raise DecodeError(f"no OTLP data in {p} (the file is empty)")
+    fmt = _format_by_name(p)
+    if fmt == "json":
+        return _read_json(p, data)
+    if fmt == "protobuf" or data.lstrip()[:1] != b"{":
+        return _read_protobuf(p, data, signal)
+    try:
+        return _read_json(p, data)
+    except DecodeError:
+        # a protobuf request starts with "\n<length>"; a length of 123 reads as "\n{"
+        if data[:1] == b"\n":
             try:
-                yield sig, _decode(sig, raw, JSON)
-            except DecodeError as exc:
-                raise DecodeError(f"{p}:{n}: {exc}") from None
-        return
+                return _read_protobuf(p, data, signal)
+            except DecodeError:
+                pass
+        raise
+
+
+def _read_json(p: Path, data: bytes) -> list[tuple[str, Validated]]:
+    out = []
+    for n, raw, doc in _json_documents(p, data):
+        sig = _json_signal(doc)
+        try:
+            out.append((sig, _decode(sig, raw, JSON)))
+        except DecodeError as exc:
+            raise DecodeError(f"{p}:{n}: {exc}" if n is not None else f"{p}: {exc}") from None
+    return out
+
+
+def _read_protobuf(p: Path, data: bytes, signal: str | None) -> list[tuple[str, Validated]]:
     sig = signal or (LOGS if "log" in p.name.lower() else TRACES)
     try:
-        yield sig, _decode(sig, data, PROTOBUF)
+        return [(sig, _decode(sig, data, PROTOBUF))]
     except DecodeError as exc:
         raise DecodeError(f"{p}: {exc}") from None
 
@@ -111,6 +159,8 @@ def ingest_files(
     """Load OTLP files into ``db``; through the running server when one holds the file.
 
     Every file is decoded and validated before anything is written, so a bad file changes nothing.
+    ``duplicates`` (records already stored) is None through a server: its response does not say, and
+    the server counts them itself (``agenttape_spans_duplicate_total`` on ``/metrics``).
     """
     from otel_agenttape.receiver.server import read_discovery
 
@@ -131,13 +181,16 @@ def ingest_files(
     holder = read_discovery(db)
     if holder is not None:
         summary["target"] = holder["url"]
+        summary["duplicates"] = None
         for sig, v in loaded:
             if v.accepted:
                 _post(f"{holder['url']}/v1/{sig}", holder.get("token"), v.request.SerializeToString())
         return summary
     from otel_agenttape.store.writer import Store
 
-    store = Store(db)
+    import duckdb
+
+    store = Store(db)  # StoreOpenError (an OSError) when the file cannot be opened
     try:
         for sig in (TRACES, LOGS):
             reqs = [v.request for s, v in loaded if s == sig and v.accepted]
@@ -145,6 +198,8 @@ def ingest_files(
                 chunk = reqs[i : i + batch_requests]
                 res = store.write_traces(chunk) if sig == TRACES else store.write_logs(chunk)
                 summary["duplicates"] += int(getattr(res, "duplicates", 0) or 0)
+    except duckdb.Error as exc:  # e.g. disk full: the batch's transaction was rolled back
+        raise OSError(f"cannot write to {db}: {exc}") from None
     finally:
         store.close()
     return summary

@@ -9,7 +9,6 @@ different request where the recorded run had an unconsumed call raises ``Diverge
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from otel_agenttape.atomicfile import write_atomic
 
 from .entry import COMMITTED, FAILED, INTENT, MATCH_POSITION, Entry
 from .errors import DivergenceError, UnrecordedCallError
@@ -295,14 +296,7 @@ class ResumeIndex:
 
     def save_json(self, path: str | os.PathLike[str]) -> None:
         """Write every entry to one JSON file (atomically: a temp file renamed into place)."""
-        path = Path(path)
-        data = orjson.dumps(self.to_json(), option=orjson.OPT_INDENT_2)
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, orjson.dumps(self.to_json(), option=orjson.OPT_INDENT_2))
 
     @classmethod
     def load_json(

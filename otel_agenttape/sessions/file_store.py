@@ -10,11 +10,16 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from otel_agenttape.sessions.base import SessionConflict, decode, encode_for_save, mark_saved
+from otel_agenttape.atomicfile import write_atomic
+from otel_agenttape.sessions.base import (
+    SessionConflict,
+    decode,
+    encode_for_save,
+    mark_saved,
+)
 from otel_agenttape.sessions.ids import validate_session_id
 from otel_agenttape.sessions.snapshot import SessionSnapshot
 
@@ -100,17 +105,7 @@ class FileSessionStore:
             os.close(fd)  # closing releases the lock
 
     def _atomic_write(self, path: Path, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=_TMP_PREFIX, suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, data, tmp_dir=self.directory, prefix=_TMP_PREFIX, suffix=".part")
         self._fsync_dir()
 
     def _fsync_dir(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -32,6 +33,37 @@ class StoreError(Exception):
 
 class QueryError(StoreError):
     """The query itself was refused or failed."""
+
+
+class StoreOpenError(StoreError, OSError):
+    """DuckDB could not open a store file (in use, not a database, missing folder, ...).
+
+    Also an ``OSError``: callers that report unreadable files already report this one.
+    """
+
+
+_LOCK_PID = re.compile(r"\bPID (\d+)")
+_ERROR_KIND = re.compile(r"^[A-Za-z ]*Error: ")
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """DuckDB refused the file because another process holds its lock (not a broken or missing file)."""
+    return "could not set lock" in str(exc).lower()
+
+
+def lock_holder_pid(exc: BaseException) -> int | None:
+    """The pid DuckDB names as holding the lock, when it names one."""
+    m = _LOCK_PID.search(str(exc))
+    return int(m.group(1)) if m else None
+
+
+def open_error_message(path: str, exc: BaseException) -> str:
+    """One line for the user: who holds a locked file, or DuckDB's own reason the file cannot be opened."""
+    if is_lock_error(exc):
+        pid = lock_holder_pid(exc)
+        return f"{path} is in use by another process" + (f" (pid {pid})" if pid else "")
+    text = _ERROR_KIND.sub("", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    return f"cannot open {path}: {text}"
 
 
 def discovery_path(db_path: str) -> str:
@@ -122,9 +154,13 @@ def _lake_files(root: str, table: str) -> list[str]:
     return sorted(glob.glob(os.path.join(root, table, "**", "*.parquet"), recursive=True))
 
 
+LAKE_FOLDERS = (*schema.TABLES, "run_traces")  # run_traces: the lake's run index (parquet.RUN_TRACES)
+
+
 def is_lake(path: str) -> bool:
-    """A folder holding ``spans/`` or any other store table folder."""
-    return os.path.isdir(path) and any(os.path.isdir(os.path.join(path, t)) for t in schema.TABLES)
+    """A folder holding ``spans/``, any other store table folder, or ``run_traces/`` (all an export of
+    an empty store writes)."""
+    return os.path.isdir(path) and any(os.path.isdir(os.path.join(path, t)) for t in LAKE_FOLDERS)
 
 
 def open_lake(root: str) -> ConnectionReader:
@@ -183,16 +219,18 @@ def open_duckdb(db_path: str) -> Reader:
                 "lock_configuration": True,
             },
         )
-    except (duckdb.IOException, duckdb.ConnectionException) as exc:
+    except duckdb.Error as exc:
+        # held by another process (a lock) or by a writer in this one (a connection with other settings)
+        if not (is_lock_error(exc) or isinstance(exc, duckdb.ConnectionException)):
+            raise StoreOpenError(open_error_message(db_path, exc)) from exc
         info = _read_discovery(db_path)
         if info is None:
-            raise StoreError(
-                f"{db_path} is locked by another process and no running server announces it "
-                f"({discovery_path(db_path)} missing): stop that process or read a copy of the file"
+            pid = lock_holder_pid(exc)
+            raise StoreOpenError(
+                f"{db_path} is locked by another process{f' (pid {pid})' if pid else ''} and no running server "
+                f"announces it ({discovery_path(db_path)} missing): stop that process or read a copy of the file"
             ) from exc
         return HttpReader(str(info["url"]), token=info.get("token"), description=f"{db_path} via {info['url']}")
-    except duckdb.Error as exc:
-        raise StoreError(f"cannot open {db_path}: {exc}") from exc
     return ConnectionReader(con, description=db_path, kind="duckdb")
 
 
@@ -209,7 +247,7 @@ def open_reader(source: Any) -> Reader:
         return HttpReader(src)
     if os.path.isdir(src):
         if not is_lake(src):
-            raise StoreError(f"{src} is a folder but not a Parquet lake (no spans/ or other table folders)")
+            raise StoreError(f"{src} is a folder but not a Parquet lake (no spans/, run_traces/ or other table folders)")
         return open_lake(src)
     return open_duckdb(src)
 
@@ -221,9 +259,12 @@ __all__ = [
     "QueryError",
     "Reader",
     "StoreError",
+    "StoreOpenError",
     "discovery_path",
     "is_lake",
+    "is_lock_error",
     "open_duckdb",
+    "open_error_message",
     "open_lake",
     "open_reader",
 ]

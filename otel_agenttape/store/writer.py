@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from otel_agenttape.store import rows, schema, views
+from otel_agenttape.store.reader import StoreOpenError, open_error_message
 
 
 @dataclass
@@ -164,15 +165,26 @@ def _hashes(con: duckdb.DuckDBPyConnection, view: str, key_sql: str) -> np.ndarr
 
 
 class Store:
-    """A DuckDB tape store. ``Store(None)`` is in memory (tests, OTLP files)."""
+    """A DuckDB tape store. ``Store(None)`` is in memory (tests, OTLP files).
+
+    Raises ``StoreOpenError`` (an ``OSError``) with a one-line reason when the file cannot be opened.
+    """
 
     def __init__(self, path: str | None = None, *, threads: int | None = None,
                  memory_limit: str | None = DEFAULT_MEMORY_LIMIT) -> None:
         self.path = path
         # an in-memory store keeps its rows in the buffer pool: no limit there
-        self.con = duckdb.connect(path or ":memory:", config=locked_config(threads, memory_limit if path else None))
+        try:
+            self.con = duckdb.connect(path or ":memory:", config=locked_config(threads, memory_limit if path else None))
+        except duckdb.Error as exc:
+            # in use by another process, not a DuckDB file, a folder, a missing parent folder...
+            raise StoreOpenError(open_error_message(str(path), exc)) from exc
         self._lock = threading.Lock()
-        create_schema(self.con)
+        try:
+            create_schema(self.con)
+        except duckdb.Error as exc:  # e.g. a read-only file system, or a file from an incompatible version
+            self.con.close()
+            raise StoreOpenError(open_error_message(str(path), exc)) from exc
         self._span_keys = KeyFilter(self.con, "spans", _SPAN_KEY)
         self._log_keys = KeyFilter(self.con, "log_records", "log_id")
         self._rows = self._row_counts()
