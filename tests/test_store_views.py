@@ -122,3 +122,18 @@ def test_view_columns_are_stable(reader):
     for needed in ("run_id", "trace_id", "agent", "session_id", "status", "start_time", "duration_ms",
                    "model_nodes", "tool_nodes", "input_tokens", "output_tokens"):
         assert needed in cols["runs"]
+
+
+def test_a_run_id_recorded_in_two_traces_counts_each_traces_own_nodes(tmp_path):
+    """A run id reused by a second process (its own trace): each `runs` row counts its own nodes."""
+    store = Store(str(tmp_path / "twice.duckdb"))
+    store.write_traces(samples.sdk_requests(lambda tr: _run(tr, "R2")))
+    store.write_traces(samples.sdk_requests(lambda tr: _run(tr, "R2", fail_tool=False)))
+    reader = store.reader()
+    rows = reader.query("SELECT trace_id, model_nodes, tool_nodes, tool_errors, input_tokens FROM runs "
+                        "WHERE run_id = 'R2' ORDER BY tool_errors").to_pylist()
+    reader.close()
+    store.close()
+    assert len({r["trace_id"] for r in rows}) == 2
+    assert [(r["model_nodes"], r["tool_nodes"], r["tool_errors"], r["input_tokens"]) for r in rows] == [
+        (1, 2, 0, 10), (1, 2, 1, 10)]

@@ -128,13 +128,13 @@ FROM n LEFT JOIN ev ON ev.trace_id = n.trace_id AND ev.span_id = n.span_id
 RUNS = f"""
 CREATE OR REPLACE VIEW runs AS
 WITH c AS (
-  SELECT resolved_run_id AS run_id,
+  SELECT resolved_run_id AS run_id, trace_id,
     count(*) FILTER (WHERE resolved_node_type = 'model') AS model_nodes,
     count(*) FILTER (WHERE resolved_node_type = 'tool') AS tool_nodes,
     count(*) FILTER (WHERE resolved_node_type = 'tool' AND status_code = 2) AS tool_errors,
     CAST(sum(input_tokens) AS BIGINT) AS input_tokens,
     CAST(sum(output_tokens) AS BIGINT) AS output_tokens
-  FROM node_spans GROUP BY resolved_run_id
+  FROM node_spans GROUP BY resolved_run_id, trace_id
 )
 SELECT
   coalesce(r.run_id, r.span_id) AS run_id,
@@ -156,7 +156,7 @@ SELECT
   c.output_tokens,
   r.service_name,
   r.status_message
-FROM spans r LEFT JOIN c ON c.run_id = coalesce(r.run_id, r.span_id)
+FROM spans r LEFT JOIN c ON c.run_id = coalesce(r.run_id, r.span_id) AND c.trace_id = r.trace_id
 WHERE r.operation_name = '{sc.OP_INVOKE_AGENT}'
 """
 
