@@ -64,8 +64,12 @@ def test_ingest_validation_and_errors(tmp_path, capsys):
     assert cli.main(["ingest", str(tmp_path / "partial.pb"), "--db", db]) == 1  # stored the rest, reported
     assert "1 rejected" in capsys.readouterr().out
     assert len(_keys(db)) == 2
-    assert cli.main(["ingest", str(tmp_path / "broken.json"), "--db", db]) == 2
-    assert "not valid hex" in capsys.readouterr().err
+    # a span whose id is not hex is rejected like one with a wrong-length id: the rest is stored
+    assert cli.main(["ingest", str(tmp_path / "broken.json"), "--db", db]) == 1
+    assert "1 rejected (rejected spans: 1 with trace_id is not a hex string)" in capsys.readouterr().out
+    (tmp_path / "broken2.json").write_text('{"resourceSpans": [{"scopeSpans": [{"spans": [{"startTimeUnixNano": "soon"}]}]}]}')
+    assert cli.main(["ingest", str(tmp_path / "broken2.json"), "--db", db]) == 2  # not a request at all
+    assert "invalid OTLP JSON" in capsys.readouterr().err
     assert cli.main(["ingest", str(tmp_path / "missing.json"), "--db", db]) == 2
 
 

@@ -126,6 +126,8 @@ def test_logs_endpoint(server, client):
 
 
 def test_partial_success_rejects_only_invalid_spans(server, client):
+    m = client.get(f"{server.url}/metrics").text  # one series from the start: dashboards see no relabelling
+    assert 'agenttape_spans_rejected_total{reason="invalid_id"} 0' in m and "agenttape_spans_rejected_total 0" not in m
     req = trace_request(4)
     spans = req.resource_spans[0].scope_spans[0].spans
     spans[0].span_id = b"\x01\x02"
@@ -145,8 +147,28 @@ def test_partial_success_rejects_only_invalid_spans(server, client):
     ]}]}]}
     r = client.post(f"{server.url}/v1/traces", json=body)
     assert r.status_code == 200 and r.json()["partialSuccess"]["rejectedSpans"] == "1"
+    # ids that are not hex (odd length, other characters, spaces, not a string) reject their span only
+    tid = "1af7651916cd43dd8448eb211c80319c"
+    body = {"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": tid, "spanId": "c7ad6b7169203331", "name": "kept"},
+        {"traceId": "abc", "spanId": "c7ad6b7169203332", "name": "odd length"},
+        {"traceId": tid, "spanId": "c7ad6b71692033zz", "name": "not hex"},
+        {"traceId": " " + tid[:16] + " " + tid[16:], "spanId": "c7ad6b7169203334", "name": "spaces"},
+        {"traceId": tid, "spanId": "c7ad6b7169203335", "parentSpanId": 7, "name": "not a string"},
+        {"traceId": tid, "spanId": "c7ad6b7169203336", "name": "bad link",
+         "links": [{"traceId": tid, "spanId": "xyz"}]},
+    ]}]}]}
+    r = client.post(f"{server.url}/v1/traces", json=body)
+    assert r.status_code == 200 and r.json()["partialSuccess"]["rejectedSpans"] == "5"
+    assert "trace_id is not a hex string" in r.json()["partialSuccess"]["errorMessage"]
+    assert server.wait_idle(5)
+    assert server.query(f"SELECT name FROM spans WHERE trace_id = '{tid}'").column(0).to_pylist() == ["kept"]
     m = client.get(f"{server.url}/metrics").text
-    assert 'agenttape_spans_rejected_total{reason="invalid_id"} 3' in m
+    assert 'agenttape_spans_rejected_total{reason="invalid_id"} 8' in m
+    logs = {"resourceLogs": [{"scopeLogs": [{"logRecords": [
+        {"traceId": tid, "body": {"stringValue": "kept"}}, {"traceId": "abc", "body": {"stringValue": "dropped"}}]}]}]}
+    r = client.post(f"{server.url}/v1/logs", json=logs)
+    assert r.status_code == 200 and r.json()["partialSuccess"]["rejectedLogRecords"] == "1"
 
 
 @pytest.mark.parametrize(
@@ -222,6 +244,8 @@ def test_token_required_on_every_route_but_healthz(tmp_path, client):
         ]:
             r = client.request(method, f"{srv.url}{path}", **kw)
             assert r.status_code == 401, path
+            want = PB["Content-Type"] if kw.get("headers") == PB else "application/json"
+            assert r.headers["content-type"] == want and "bearer token" in _status(r).message  # the request's encoding
             bad = {**kw.get("headers", {}), "Authorization": "Bearer wrong"}
             assert client.request(method, f"{srv.url}{path}", **{**kw, "headers": bad}).status_code == 401
             good = {**kw.get("headers", {}), "Authorization": "Bearer s3cret"}

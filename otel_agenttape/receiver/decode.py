@@ -9,6 +9,7 @@ be stored and the client told with a partial success.
 from __future__ import annotations
 
 import base64
+import re
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -89,19 +90,24 @@ def decompress(body: bytes, encoding: str | None, limit: int = DEFAULT_MAX_BODY)
 # --- OTLP JSON -------------------------------------------------------------------------------
 
 
-def _hex_to_b64(obj: dict[str, Any], key: str, where: str) -> None:
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})*")
+
+
+def _id_problem(obj: dict[str, Any], key: str) -> str | None:
+    """Turn a hex id into the base64 the protobuf JSON parser reads; or say why it is not an id."""
     value = obj.get(key)
-    if value is None:
-        return
+    if value is None or value == "":
+        return None
     if not isinstance(value, str):
-        raise DecodeError(f"{where}.{key} must be a hex string, got {type(value).__name__}")
-    if value == "":
-        return
-    try:
-        raw = bytes.fromhex(value)
-    except ValueError:
-        raise DecodeError(f"{where}.{key} is not valid hex: {value[:80]!r}") from None
-    obj[key] = base64.b64encode(raw).decode("ascii")
+        return f"{_snake(key)} must be a hex string, got {type(value).__name__}"
+    if _HEX.fullmatch(value) is None:  # bytes.fromhex would skip spaces: ids are strict
+        return f"{_snake(key)} is not a hex string"
+    obj[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+    return None
+
+
+def _snake(key: str) -> str:
+    return {"traceId": "trace_id", "spanId": "span_id", "parentSpanId": "parent_span_id"}.get(key, key)
 
 
 def _items(obj: dict[str, Any], key: str, where: str) -> list[Any]:
@@ -116,34 +122,68 @@ def _items(obj: dict[str, Any], key: str, where: str) -> list[Any]:
     return value
 
 
-def _fix_trace_ids(doc: dict[str, Any]) -> None:
+_SPAN_IDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
+_LINK_IDS = ("traceId", "spanId", "trace_id", "span_id")
+
+
+def _span_id_problem(span: dict[str, Any], where: str) -> str | None:
+    for key in _SPAN_IDS:
+        why = _id_problem(span, key)
+        if why is not None:
+            return why
+    for j, link in enumerate(_items(span, "links", where)):
+        for key in _LINK_IDS:
+            why = _id_problem(link, key)
+            if why is not None:
+                return f"link {why}"
+    return None
+
+
+def _log_id_problem(rec: dict[str, Any], where: str) -> str | None:
+    for key in _LINK_IDS:
+        why = _id_problem(rec, key)
+        if why is not None:
+            return why
+    return None
+
+
+def _fix_ids(items: list[Any], where: str, problem: Any, problems: dict[str, int] | None) -> None:
+    """Convert the hex ids of ``items`` in place; an item whose ids are not hex is removed and counted
+    in ``problems`` (partial success), or, with no ``problems`` to count in, fails the request."""
+    bad = []
+    for i, item in enumerate(items):
+        why = problem(item, f"{where}[{i}]")
+        if why is not None:
+            if problems is None:
+                raise DecodeError(f"{where}[{i}]: {why}")
+            problems[why] = problems.get(why, 0) + 1
+            bad.append(i)
+    for i in reversed(bad):
+        del items[i]
+
+
+def _fix_trace_ids(doc: dict[str, Any], problems: dict[str, int] | None = None) -> None:
     for r, rs in enumerate(_items(doc, "resourceSpans", "request")):
         for s, ss in enumerate(_items(rs, "scopeSpans", f"resourceSpans[{r}]")):
-            for i, span in enumerate(_items(ss, "spans", f"resourceSpans[{r}].scopeSpans[{s}]")):
-                where = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
-                for key in ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"):
-                    _hex_to_b64(span, key, where)
-                for j, link in enumerate(_items(span, "links", where)):
-                    for key in ("traceId", "spanId", "trace_id", "span_id"):
-                        _hex_to_b64(link, key, f"{where}.links[{j}]")
+            where = f"resourceSpans[{r}].scopeSpans[{s}].spans"
+            _fix_ids(_items(ss, "spans", f"resourceSpans[{r}].scopeSpans[{s}]"), where, _span_id_problem, problems)
 
 
-def _fix_log_ids(doc: dict[str, Any]) -> None:
+def _fix_log_ids(doc: dict[str, Any], problems: dict[str, int] | None = None) -> None:
     for r, rl in enumerate(_items(doc, "resourceLogs", "request")):
         for s, sl in enumerate(_items(rl, "scopeLogs", f"resourceLogs[{r}]")):
-            for i, rec in enumerate(_items(sl, "logRecords", f"resourceLogs[{r}].scopeLogs[{s}]")):
-                for key in ("traceId", "spanId", "trace_id", "span_id"):
-                    _hex_to_b64(rec, key, f"resourceLogs[{r}].scopeLogs[{s}].logRecords[{i}]")
+            where = f"resourceLogs[{r}].scopeLogs[{s}].logRecords"
+            _fix_ids(_items(sl, "logRecords", f"resourceLogs[{r}].scopeLogs[{s}]"), where, _log_id_problem, problems)
 
 
-def _parse_json(body: bytes, msg: Any, fix: Any) -> Any:
+def _parse_json(body: bytes, msg: Any, fix: Any, problems: dict[str, int] | None = None) -> Any:
     try:
         doc = orjson.loads(body) if body.strip() else {}
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"invalid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise DecodeError("an OTLP JSON request must be an object")
-    fix(doc)
+    fix(doc, problems)
     try:
         json_format.ParseDict(doc, msg, ignore_unknown_fields=True)
     except json_format.ParseError as exc:
@@ -161,19 +201,25 @@ def _parse_proto(body: bytes, msg: Any) -> Any:
     return msg
 
 
-def decode_traces(body: bytes, content_type: str) -> ExportTraceServiceRequest:
-    """Decode an (already decompressed) OTLP trace request; raises ``DecodeError``."""
+def decode_traces(body: bytes, content_type: str, problems: dict[str, int] | None = None) -> ExportTraceServiceRequest:
+    """Decode an (already decompressed) OTLP trace request; raises ``DecodeError``.
+
+    With ``problems``, OTLP JSON spans whose ids are not hex strings are left out and counted there
+    by reason (``validate_traces(req, problems)`` reports them as partial success); without it they
+    fail the request.
+    """
     msg = ExportTraceServiceRequest()
     if media_type(content_type) == JSON:
-        return _parse_json(body, msg, _fix_trace_ids)
+        return _parse_json(body, msg, _fix_trace_ids, problems)
     return _parse_proto(body, msg)
 
 
-def decode_logs(body: bytes, content_type: str) -> ExportLogsServiceRequest:
-    """Decode an (already decompressed) OTLP logs request; raises ``DecodeError``."""
+def decode_logs(body: bytes, content_type: str, problems: dict[str, int] | None = None) -> ExportLogsServiceRequest:
+    """Decode an (already decompressed) OTLP logs request; raises ``DecodeError``. ``problems``: as
+    for ``decode_traces``, for log records."""
     msg = ExportLogsServiceRequest()
     if media_type(content_type) == JSON:
-        return _parse_json(body, msg, _fix_log_ids)
+        return _parse_json(body, msg, _fix_log_ids, problems)
     return _parse_proto(body, msg)
 
 
@@ -213,12 +259,14 @@ def summary(problems: dict[str, int], noun: str = "spans") -> str:
     return f"rejected {noun}: " + "; ".join(parts)
 
 
-def _drop_invalid(req: Any, groups: Any, problem: Any, noun: str, all_valid: Any = None) -> Validated:
+def _drop_invalid(req: Any, groups: Any, problem: Any, noun: str, all_valid: Any = None,
+                  earlier: dict[str, int] | None = None) -> Validated:
     """Drop the items whose ``problem(item)`` names one, from each repeated field in ``groups``;
-    ``all_valid(items)`` is an optional fast check for the common case of a group with nothing wrong.
+    ``all_valid(items)`` is an optional fast check for the common case of a group with nothing wrong;
+    ``earlier``: items already left out while decoding, by reason.
     The request is mutated in place only when something was dropped."""
     accepted = 0
-    problems: dict[str, int] = {}
+    problems: dict[str, int] = dict(earlier or {})
     bad_groups: list[tuple[Any, list[int]]] = []
     for items in groups:
         if all_valid is not None and all_valid(items):
@@ -237,16 +285,19 @@ def _drop_invalid(req: Any, groups: Any, problem: Any, noun: str, all_valid: Any
     rejected = sum(problems.values())
     if not rejected:
         return Validated(req, accepted, 0, "", False)
+    if not bad_groups:  # only items left out while decoding
+        return Validated(req, accepted, rejected, summary(problems, noun), True)
     for items, bad in bad_groups:
         for i in reversed(bad):
             del items[i]
     return Validated(req, accepted, rejected, summary(problems, noun), True)
 
 
-def validate_traces(req: ExportTraceServiceRequest) -> Validated:
-    """Drop spans with invalid ids; returns the request (mutated in place only when something was dropped)."""
+def validate_traces(req: ExportTraceServiceRequest, earlier: dict[str, int] | None = None) -> Validated:
+    """Drop spans with invalid ids; returns the request (mutated in place only when something was dropped).
+    ``earlier``: spans ``decode_traces`` already left out, by reason, counted as rejected too."""
     groups = (ss.spans for rs in req.resource_spans for ss in rs.scope_spans)
-    return _drop_invalid(req, groups, span_problem, "spans", _all_spans_valid)
+    return _drop_invalid(req, groups, span_problem, "spans", _all_spans_valid, earlier)
 
 
 def _log_problem(rec: Any) -> str | None:
@@ -258,10 +309,10 @@ def _log_problem(rec: Any) -> str | None:
     return None
 
 
-def validate_logs(req: ExportLogsServiceRequest) -> Validated:
+def validate_logs(req: ExportLogsServiceRequest, earlier: dict[str, int] | None = None) -> Validated:
     """Drop log records with invalid ids (ids are optional on logs, but must have the right length)."""
     groups = (sl.log_records for rl in req.resource_logs for sl in rl.scope_logs)
-    return _drop_invalid(req, groups, _log_problem, "log records")
+    return _drop_invalid(req, groups, _log_problem, "log records", None, earlier)
 
 
 def count_spans(req: ExportTraceServiceRequest) -> int:

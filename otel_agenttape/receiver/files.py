@@ -42,9 +42,10 @@ def _json_signal(doc: Any) -> str:
 
 
 def _decode(signal: str, body: bytes, media: str) -> Validated:
+    problems: dict[str, int] = {}  # items whose ids are not hex: rejected like the receiver rejects them
     if signal == LOGS:
-        return validate_logs(decode_logs(body, media))
-    return validate_traces(decode_traces(body, media))
+        return validate_logs(decode_logs(body, media, problems), problems)
+    return validate_traces(decode_traces(body, media, problems), problems)
 
 
 _JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")

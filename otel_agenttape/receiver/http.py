@@ -129,6 +129,13 @@ class _Handler(BaseHTTPRequestHandler):
             headers["WWW-Authenticate"] = 'Bearer realm="agenttape"'
         self._send(err.status, encode_message(st, media), media, headers)
 
+    def _reply_media(self) -> str:
+        """The encoding of an error reply: the request's own when it is OTLP protobuf, else JSON."""
+        try:
+            return media_type(self.headers.get("Content-Type"))
+        except UnsupportedMediaType:
+            return JSON
+
     def _authorized(self) -> bool:
         token = self.server.ctx.token
         if not token:
@@ -226,7 +233,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if not self._authorized():
             self._discard_body()
-            self._send_status(_HttpError(401, "missing or wrong bearer token"))
+            self._send_status(_HttpError(401, "missing or wrong bearer token"), self._reply_media())
             if path in _EXPORT_PATHS:
                 ctx.metrics.inc("agenttape_requests_total", transport="http", signal=_EXPORT_PATHS[path], code="401")
             return
@@ -236,7 +243,7 @@ class _Handler(BaseHTTPRequestHandler):
         signal = _EXPORT_PATHS.get(path)
         if signal is None:
             self._discard_body()
-            self._send_status(_HttpError(404, f"no route {path}"))
+            self._send_status(_HttpError(404, f"no route {path}"), self._reply_media())
             return
         media = JSON
         status = 200

@@ -35,6 +35,13 @@ _HELP = {
 }
 
 
+# The series a labelled counter shows before its first increment, so it keeps one identity over time.
+_ZERO_SERIES: dict[str, tuple[tuple[str, Any], ...]] = {
+    "agenttape_spans_rejected_total": (("reason", "invalid_id"),),
+    "agenttape_logs_rejected_total": (("reason", "invalid_id"),),
+}
+
+
 def _esc(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -133,7 +140,7 @@ class Metrics:
                 if typ == "histogram":
                     lines.extend(self._hist[name].lines(name))
                     continue
-                series = by_name.get(name) or [((), 0)]
+                series = by_name.get(name) or [(_ZERO_SERIES.get(name, ()), 0)]
                 for labels, v in sorted(series, key=lambda s: s[0]):
                     lines.append(f"{name}{_labels(labels)} {_num(float(v))}")
         for name, (help_, value) in gauges.items():

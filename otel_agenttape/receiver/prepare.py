@@ -48,12 +48,13 @@ def prepare(kind: int, body: bytes, media: str, convert: bool = True) -> Prepare
     with ``convert``, build the rows; otherwise keep the decoded message for the writer."""
     if kind == KIND_TRACES and media != JSON and convert:
         return _prepare_protobuf_traces(body)
+    problems: dict[str, int] = {}  # JSON items whose ids are not hex: left out, answered as partial success
     if kind == KIND_TRACES:
-        req = decode_traces(body, media)
-        v = validate_traces(req)
+        req = decode_traces(body, media, problems)
+        v = validate_traces(req, problems)
     else:
-        req = decode_logs(body, media)
-        v = validate_logs(req)
+        req = decode_logs(body, media, problems)
+        v = validate_logs(req, problems)
     payload = None if media != JSON and not v.changed else req.SerializeToString()
     if not v.accepted:
         return Prepared(0, v.rejected, v.message, payload)
