@@ -112,6 +112,8 @@ class Tape:
         return snapshot
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Wait up to ``timeout_millis`` for queued spans to be exported. True only if every span queued
+        before the call was accepted by the exporter; False on a failed export or the timeout."""
         try:
             if self.owns_provider:
                 return bool(self.tracer_provider.force_flush(timeout_millis))
@@ -121,7 +123,8 @@ class Tape:
             return False
 
     def shutdown(self) -> None:
-        """Flush and stop export. Idempotent."""
+        """Export what is queued and stop, within the queue's ``shutdown_timeout_millis`` (30 s) in
+        total; spans not exported are counted in ``spans_dropped_shutdown``. Idempotent."""
         if self._closed:
             return
         self._closed = True
