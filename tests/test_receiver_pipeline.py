@@ -191,3 +191,25 @@ def test_a_dead_worker_costs_no_request(tmp_path):
     p.close()
     wal.close(applied_all=True)
     store.close()
+
+
+def test_an_idle_writer_gives_queries_their_threads_back(tmp_path):
+    store = Store(str(tmp_path / "i.duckdb"), threads=2)
+    wal = WriteAheadLog(tmp_path / "wal")
+    p = IngestPipeline(store, wal, Metrics())
+    p.start()
+    r = trace_request(3)
+    p.accept(KIND_TRACES, r, r.SerializeToString(), 3)
+    assert p.wait_idle(30)
+
+    def threads():
+        return store.con.sql("SELECT current_setting('threads')").fetchall()[0][0]
+
+    assert threads() == 1  # written on one thread
+    deadline = time.monotonic() + 10
+    while threads() != 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert threads() == 2  # about a second without writes
+    p.close()
+    wal.close(applied_all=True)
+    store.close()

@@ -72,3 +72,14 @@ def test_applied_segments_are_deleted_but_not_unapplied_ones(tmp_path):
     assert wal.lag_records == 0
     wal.close(applied_all=True)
     assert wal.segments() == []
+
+
+def test_group_commit_writes_many_records_in_order(tmp_path):
+    # one flush may gather more buffers than one writev takes (two per record)
+    from otel_agenttape.receiver import wal as wal_module
+
+    chunks = [bytes([i % 251]) * (i % 7) for i in range(3 * wal_module._IOV_MAX + 5)]
+    path = tmp_path / "chunks"
+    with open(path, "wb", buffering=0) as fh:
+        wal_module._write_all(fh.fileno(), chunks)
+    assert path.read_bytes() == b"".join(chunks)

@@ -152,3 +152,27 @@ def test_stored_key_set_survives_reopen_and_false_positives_stay_exact(tmp_path,
         res = store.write_traces(reqs[1:])
         assert res.spans_stored == 4 and res.duplicates == 4
         assert store.reader().query("SELECT count(*) FROM spans").column(0)[0].as_py() == 12
+
+
+def test_writes_run_on_one_thread_and_reads_get_theirs_back(tmp_path):
+    store = Store(str(tmp_path / "t.duckdb"), threads=2)
+
+    def setting(name):
+        return store.con.sql(f"SELECT current_setting('{name}')").fetchall()[0][0]
+
+    assert setting("threads") == 2 and setting("max_vacuum_tasks") == 0
+    store.write_traces(samples.genai_requests(n_runs=1))
+    assert setting("threads") == 1  # stays while writes keep coming
+    store.write_traces(samples.genai_requests(n_runs=1, seed=5))
+    store.writes_paused()
+    assert setting("threads") == 2
+    # only the thread count may change: everything else stays locked for /api/query
+    assert setting("lock_configuration") is True and setting("enable_external_access") is False
+    for statement in ("SET enable_external_access = true", "SET memory_limit = '8GB'"):
+        try:
+            store.con.execute(statement)
+            raise AssertionError(f"{statement} was allowed")
+        except duckdb.Error:
+            pass
+    assert store.reader().query("SELECT count(*) FROM spans").column(0)[0].as_py() == 8
+    store.close()

@@ -367,9 +367,20 @@ class IngestPipeline:
                 self._lock.release()
                 try:
                     self._roll_sink()
+                    self._store_idle()
                 finally:
                     self._lock.acquire()
         return bool(self._queue)
+
+    def _store_idle(self) -> None:
+        """Nothing stored for a second: tell the store (it gives queries back the threads it keeps
+        to one while writing, see ``Store.writes_paused``)."""
+        paused = getattr(self.store, "writes_paused", None)
+        if paused is not None:
+            try:
+                paused()
+            except Exception as exc:  # noqa: BLE001 - queries merely stay on fewer threads
+                log.warning("store idle hook failed: %s", exc)
 
     def _retrying(self, write: Any) -> bool:
         """Run ``write()`` until it succeeds; False if stopping while the store keeps failing."""
@@ -411,6 +422,9 @@ class IngestPipeline:
             if not self._retrying(lambda batch=batch: self._write_batch(batch)):
                 return
             self._applied(batch)
+            # free the rows (unmapping their spool files takes about a microsecond per span) here,
+            # not when the next batch is taken under the lock that admitting requests needs
+            del batch
         if self.sink is not None:
             try:
                 self.sink.close()

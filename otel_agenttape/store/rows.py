@@ -154,7 +154,10 @@ def concat(parts: list[Tables]) -> Tables:
     span_keys = [pc.binary_join_element_wise(p.spans.column("trace_id"), p.spans.column("span_id"), "")
                  for p in parts]
     n_spans = sum(len(k) for k in span_keys)
-    if n_spans and pc.count_distinct(pa.chunked_array(span_keys, type=pa.string())).as_py() < n_spans:
+    # the chunks of the keys' chunked arrays: given the chunked arrays themselves, pa.chunked_array
+    # would convert them value by value through Python scalars
+    chunks = [c for k in span_keys for c in k.chunks]
+    if n_spans and pc.count_distinct(pa.chunked_array(chunks, type=pa.string())).as_py() < n_spans:
         seen: set[Any] = set()
         fixed = []
         for p, keys in zip(parts, span_keys):
@@ -195,7 +198,7 @@ def concat(parts: list[Tables]) -> Tables:
 def _table(name: str, rows: list[tuple]) -> pa.Table:
     sch = SCHEMAS[name]
     if not rows:
-        return sch.empty_table()
+        return _empty(name)
     n = len(rows)
     arrays = []
     for f, col in zip(sch, zip(*rows)):
@@ -216,8 +219,15 @@ def _table(name: str, rows: list[tuple]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=sch)
 
 
+# built once: making an empty table of a wide schema costs tens of microseconds, per request
+_EMPTY: dict[str, pa.Table] = {}
+
+
 def _empty(name: str) -> pa.Table:
-    return SCHEMAS[name].empty_table()
+    t = _EMPTY.get(name)
+    if t is None:
+        t = _EMPTY[name] = SCHEMAS[name].empty_table()
+    return t
 
 
 class _Resources:

@@ -171,14 +171,34 @@ class Store:
     """
 
     def __init__(self, path: str | None = None, *, threads: int | None = None,
-                 memory_limit: str | None = DEFAULT_MEMORY_LIMIT) -> None:
+                 memory_limit: str | None = DEFAULT_MEMORY_LIMIT, write_threads: int | None = 1) -> None:
         self.path = path
         # an in-memory store keeps its rows in the buffer pool: no limit there
+        config = locked_config(threads, memory_limit if path else None)
+        # DuckDB's thread count is one setting for the whole database. Inserting an Arrow batch from
+        # several threads costs about three times the CPU of one thread, and ingest is bound by CPU,
+        # not by one core. So writes switch the database to ``write_threads`` and it stays there
+        # while writes keep coming (switching back costs DuckDB about as much as a write saves);
+        # ``writes_paused`` gives reads (``/api/query``) every thread again once writes stop. Only
+        # ``threads`` is changeable: every other setting remains locked.
+        self._write_threads = int(write_threads) if write_threads else None
+        self._writing = False  # the database runs with write_threads
+        if self._write_threads:
+            config["allowed_configs"] = ["threads"]
+        # Rows are only appended, never deleted, so a checkpoint has nothing to vacuum; but by default
+        # it merges the row groups of consecutive batches into full ones, compressing the same rows
+        # again and again (every second batch, fourth, eighth...). Without that, each batch's rows
+        # are compressed once: writes cost about a third less CPU, the file is no larger, and scans
+        # read row groups of a batch or more (tens of thousands of rows under load).
+        config["max_vacuum_tasks"] = 0
         try:
-            self.con = duckdb.connect(path or ":memory:", config=locked_config(threads, memory_limit if path else None))
+            self.con = duckdb.connect(path or ":memory:", config=config)
         except duckdb.Error as exc:
             # in use by another process, not a DuckDB file, a folder, a missing parent folder...
             raise StoreOpenError(open_error_message(str(path), exc)) from exc
+        self._read_threads = int(self.con.sql("SELECT current_setting('threads')").fetchall()[0][0])
+        if self._write_threads == self._read_threads:
+            self._write_threads = None
         self._lock = threading.Lock()
         try:
             create_schema(self.con)
@@ -215,6 +235,9 @@ class Store:
         """Insert converted rows, skipping keys already stored; one transaction."""
         with self._lock:
             con = self.con
+            if self._write_threads and not self._writing:
+                con.execute(f"SET threads = {self._write_threads}")
+                self._writing = True
             con.begin()
             try:
                 result = self._insert(con, t)
@@ -238,6 +261,13 @@ class Store:
                           self._rows[2] + rows_added["span_links"].num_rows]
             result.span_hashes = result.log_hashes = None
         return result
+
+    def writes_paused(self) -> None:
+        """No write is coming soon: let reads use every thread again (see ``write_threads``)."""
+        with self._lock:
+            if self._writing and not self._closed:
+                self.con.execute(f"SET threads = {self._read_threads}")
+                self._writing = False
 
     def _insert(self, con: duckdb.DuckDBPyConnection, t: rows.Tables) -> WriteResult:
         out = WriteResult(duplicates=t.in_batch_duplicates)
