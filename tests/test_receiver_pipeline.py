@@ -151,7 +151,23 @@ def test_requests_prepared_in_a_worker_answer_like_the_main_process(tmp_path):
         with pytest.raises(DecodeError):
             p.prepare(KIND_TRACES, body, PROTOBUF)
     folder = pool._spool
-    assert folder is not None and os.listdir(folder) == []  # every hand-off file was taken
+    del here, there, v
+    # every hand-off file was taken: what is left is kept to be written again
+    kept = set(pool._bodies.paths()) | set(pool._rows.paths())
+    assert folder is not None and {os.path.join(folder, n) for n in os.listdir(folder)} == kept
+    # requests one at a time: one body file, and a rows file per request whose rows were alive at once
+    assert len(pool._bodies.paths()) == 1 and len(pool._rows.paths()) <= 2
+    # a reused file is written from its start and not shrunk: a small request after a large one reads
+    # only its own bytes and rows
+    large = trace_request(60, attrs={"long": "x" * 5000})
+    for body in (large.SerializeToString(), good.SerializeToString(), large.SerializeToString()):
+        here, there = prepare(KIND_TRACES, body, PROTOBUF), p.prepare(KIND_TRACES, body, PROTOBUF)
+        assert there.accepted == here.accepted
+        for name, table in here.tables.as_dict().items():
+            assert there.tables.as_dict()[name].equals(table), name
+    del here, there
+    kept = set(pool._bodies.paths()) | set(pool._rows.paths())
+    assert {os.path.join(folder, n) for n in os.listdir(folder)} == kept and len(kept) <= 3
     p.close()
     assert not os.path.exists(folder)
     wal.close(applied_all=True)

@@ -321,12 +321,16 @@ def test_malformed_event_attribute_is_never_cached():
     from otel_agenttape.store import otlpwire
 
     wire = otlpwire.parse_traces(_events_request([["a"]]).SerializeToString())
-    wire.resource_spans[0].scope_spans[0].spans[0].events[0].attributes.append(b"\x0a\x02\xff\xfe")
+    events = wire.resource_spans[0].scope_spans[0].spans[0].events  # serialized events
+    ev = otlpwire.Event.FromString(events[0])
+    ev.attributes.append(b"\x0a\x02\xff\xfe")
+    events[0] = ev.SerializeToString()
     body = wire.SerializeToString()
-    for _ in range(2):
+    for _ in range(3):
         with pytest.raises(DecodeError):
             rows.traces_to_tables([body])
     assert not any(b"\x0a\x02\xff\xfe" in k for k in rows._SET_CACHE)
+    assert not any(b"\x0a\x02\xff\xfe" in k for k in rows._EVENT_CACHE)
 
 
 def test_table_columns_equal_a_plain_conversion():
@@ -410,19 +414,24 @@ def test_values_that_never_repeat_stay_out_of_the_caches():
 
     rows.traces_to_tables([_model_spans_request(3, varied=False).SerializeToString()])  # warm: seen twice
     kv_before, set_before = dict(rows._KV_CACHE), dict(rows._SET_CACHE)
+    event_before = dict(rows._EVENT_CACHE)
+    assert event_before  # the sample's events repeat
     body = _model_spans_request(200, varied=True, tag="u").SerializeToString()  # not seen by other tests
     rows.traces_to_tables([body])
     wire = otlpwire.parse_traces(body).resource_spans[0].scope_spans[0].spans
     unique_kvs = {r for sp in wire for r in sp.attributes if b"chatcmpl-u" in r}
-    unique_sets = {tuple(ev.attributes[:]) for sp in wire for ev in sp.events}
+    unique_sets = {tuple(otlpwire.Event.FromString(ev).attributes[:]) for sp in wire for ev in sp.events}
+    unique_events = {ev[9:] for sp in wire for ev in sp.events}
     assert len(unique_kvs) == 200 and len(unique_sets) == 200 * len(wire[0].events)
     assert not unique_kvs & rows._KV_CACHE.keys() and not unique_sets & rows._SET_CACHE.keys()
+    assert not unique_events & rows._EVENT_CACHE.keys()
     # the repeated entries are all still there
     assert kv_before.items() <= rows._KV_CACHE.items() and set_before.items() <= rows._SET_CACHE.items()
+    assert event_before.items() <= rows._EVENT_CACHE.items()
     assert any(k.startswith(b"\x0a\x10agenttape.run.id") for k in rows._KV_CACHE)
     # a value decoded a second time is cached
     rows.traces_to_tables([body])
-    assert unique_kvs <= rows._KV_CACHE.keys()
+    assert unique_kvs <= rows._KV_CACHE.keys() and unique_events <= rows._EVENT_CACHE.keys()
 
 
 def test_string_values_match_protobuf_and_invalid_ones_raise():
@@ -476,3 +485,93 @@ def test_string_values_match_protobuf_and_invalid_ones_raise():
     for _ in range(2):
         with pytest.raises(DecodeError):
             rows.traces_to_tables([wire.SerializeToString()])
+
+
+def test_events_in_any_layout_match_the_otlp_reading():
+    """Events read as raw bytes (served from the event cache or parsed) give the rows the OTLP classes
+    give, whatever their layout: time missing, zero, written twice or after the name, unknown fields,
+    a name written twice; and what the OTLP classes reject raises, with cold or warm caches."""
+    import pytest
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    from otel_agenttape.store import otlpwire
+
+    def event(**kw) -> bytes:
+        return Span.Event(**kw).SerializeToString()
+
+    seq = {"key": sc.EVENT_SEQ, "value": {"int_value": 3}}
+    text = {"key": sc.EVENT_SEGMENT, "value": {"string_value": "é\"\n"}}
+    plain = event(time_unix_nano=T0 + 1, name="e", attributes=[seq, text])
+    tail = plain[9:]
+    other_time = b"\x09" + (T0 + 7).to_bytes(8, "little")
+    good = [
+        plain,
+        event(time_unix_nano=T0 + 2, name="e", attributes=[seq, text]),  # same tail, another time
+        event(time_unix_nano=2**63 - 1, name="e", attributes=[seq, text]),
+        b"\x09" + bytes(8) + tail,  # a zero time written out
+        event(name="e", attributes=[seq]),  # no time
+        plain + other_time,  # time twice: the last wins
+        tail + other_time,  # time after the name
+        plain + b"\x28\x01",  # an unknown field
+        plain + b"\x12\x01z",  # the name twice: the last wins
+        event(time_unix_nano=T0, name="d", dropped_attributes_count=4),
+        other_time,  # only a time
+        b"",  # an empty event
+    ]
+    bad = [b"\x09\x01\x02", other_time + b"\x12\x05ab", other_time + b"\x12\x02\xff\xfe",
+           other_time + b"\x1a\x04\x0a\x02\xff\xfe"]
+
+    def request(raws: list[bytes]) -> bytes:
+        wire = otlpwire.parse_traces(_events_request([[]]).SerializeToString())
+        sp = wire.resource_spans[0].scope_spans[0].spans[0]
+        del sp.events[:]
+        sp.events.extend(raws)
+        return wire.SerializeToString()
+
+    body = request(good)
+    want_events = ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans[0].events
+    want = [(ev.time_unix_nano, ev.name, anyvalue.dumps(anyvalue.attrs_from_proto(ev.attributes)),
+             ev.dropped_attributes_count) for ev in want_events]
+    rows._EVENT_CACHE.clear()
+    for _ in range(4):  # cold, seen once, cached
+        t = rows.traces_to_tables([body])
+        got = [(e["time_unix_nano"], e["name"], e["attributes"], e["dropped_attributes_count"])
+               for e in t.span_events.to_pylist()]
+        assert got == want
+        assert [e["event_index"] for e in t.span_events.to_pylist()] == list(range(len(good)))
+    assert rows._EVENT_CACHE.get(tail) == want[0][1:]
+    # only tails in protobuf's own layout are cached
+    assert all(k in (tail, good[9][9:]) for k in rows._EVENT_CACHE)
+    for raw in bad:
+        body = request([plain, raw])
+        with pytest.raises(DecodeError):
+            ExportTraceServiceRequest.FromString(body)
+        for _ in range(3):
+            with pytest.raises(DecodeError):
+                rows.traces_to_tables([body])
+
+
+def test_string_attributes_read_from_raw_bytes_match_protobuf_at_every_length_boundary():
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    from otel_agenttape.store.rows import _string_kv
+
+    fast = 0
+    for length in (0, 1, 5, 126, 127, 128, 129, 16382, 16383, 16384, 16385, 100_000):
+        for klen in (0, 1, 5, 127, 128):
+            kv = KeyValue(key="k" * klen, value=AnyValue(string_value="é" * (length // 2) + "x" * (length % 2)))
+            raw = kv.SerializeToString()
+            got = _string_kv(raw)
+            assert got is None or got == (kv.key, kv.value.string_value), (length, klen)
+            fast += got is not None
+            assert _string_kv(raw + b"\x18\x01") is None  # an unknown trailing field: protobuf decides
+            if length:
+                assert _string_kv(raw[:-1]) is None  # truncated
+    assert fast >= 30  # the common layouts take the fast path
+    assert _string_kv(KeyValue(key="k", value=AnyValue(int_value=5)).SerializeToString()) is None
+    bad = KeyValue(key="k", value=AnyValue(string_value="ok")).SerializeToString()[:-2] + b"\xff\xfe"
+    assert _string_kv(bad) is None  # invalid UTF-8 is left to protobuf, which raises

@@ -39,14 +39,16 @@ def convert_payloads(kind: int, payloads: list[bytes]) -> Any:
     return rows.logs_to_tables([ExportLogsServiceRequest.FromString(p) for p in payloads])
 
 
-def prepare_body(kind: int, body_path: str, media: str, folder: str) -> Any:
+def prepare_body(
+    kind: int, body_path: str, size: int, media: str, folder: str, rows_path: str | None = None
+) -> Any:
     """Worker side: ``prepare.prepare`` (decode, validate, convert) of one request body in the spool;
-    the rows go back through the spool too."""
+    the rows go back through the spool too, into ``rows_path`` when the main process has one to reuse."""
     from otel_agenttape.receiver.prepare import prepare
 
-    prepared = prepare(kind, spool.take_body(body_path), media)
+    prepared = prepare(kind, spool.take_body(body_path, size), media)
     if prepared.tables is not None:
-        prepared.tables = spool.put_tables(folder, prepared.tables)
+        prepared.tables = spool.put_tables(folder, prepared.tables, rows_path)
     return prepared
 
 
@@ -86,6 +88,8 @@ class ConvertPool:
         self._starting = False
         self._closed = False
         self._spool: str | None = None
+        self._bodies = spool.Recycler()  # spool files to write again
+        self._rows = spool.Recycler()
 
     @property
     def running(self) -> bool:
@@ -139,18 +143,33 @@ class ConvertPool:
         pool, folder = self._pool, self._spool
         if pool is None or folder is None:
             raise RuntimeError("the conversion pool is not running")
-        path = spool.put_body(folder, body)
+        path = spool.put_body(folder, body, self._bodies.take())
+        rows_path = self._rows.take()
         try:
-            prepared = pool.submit(prepare_body, kind, path, media, folder).result()
-        except BrokenProcessPool:
-            self._discard(pool)
+            prepared = pool.submit(prepare_body, kind, path, len(body), media, folder, rows_path).result()
+        except BaseException as exc:
+            if rows_path is not None:
+                self._give_rows(rows_path)
+            if isinstance(exc, BrokenProcessPool):
+                self._discard(pool)
             raise
         finally:
-            if os.path.exists(path):  # the worker did not get to it
-                os.unlink(path)
+            self._bodies.give(path, len(body))  # read by now, or never going to be
         if prepared.tables is not None:
-            prepared.tables = spool.take_tables(prepared.tables)
+            if rows_path is not None and prepared.tables.path != rows_path:
+                self._give_rows(rows_path)
+            prepared.tables = spool.take_tables(prepared.tables, self._rows)
+        elif rows_path is not None:
+            self._give_rows(rows_path)
         return prepared
+
+    def _give_rows(self, path: str) -> None:
+        """Keep a rows file the worker did not use (dropped if it is gone)."""
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return
+        self._rows.give(path, size)
 
     def _discard(self, pool: ProcessPoolExecutor) -> None:
         """A worker died (killed, out of memory): drop the broken pool and start a new one."""
@@ -168,6 +187,8 @@ class ConvertPool:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)
                 self._pool = None
+            self._bodies.clear()
+            self._rows.clear()
             if self._spool is not None:
                 spool.remove(self._spool)
                 self._spool = None

@@ -5,9 +5,11 @@ Reading a parsed OTLP span from Python costs one call per field of every ``KeyVa
 session ids, small numbers). These messages declare the same field numbers and types as the OTLP
 protos, except that each repeated ``KeyValue`` field is ``repeated bytes``: one parse gives the spans
 with their attributes as byte strings, which ``rows.py`` maps to their typed JSON through a cache
-and parses with the real ``KeyValue`` only on a miss. Everything else decodes exactly as with the
-OTLP classes (UTF-8 checks on strings, merging of repeated singular messages), and a message of
-these types serializes to bytes that the OTLP classes read back.
+and parses with the real ``KeyValue`` only on a miss. A span's events are ``repeated bytes`` too
+(each one an ``Event``, which ``rows.py`` parses only when its cache misses: events of one kind
+repeat all but their time). Everything else decodes exactly as with the OTLP classes (UTF-8 checks
+on strings, merging of repeated singular messages), and a message of these types serializes to
+bytes that the OTLP classes read back.
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ _MESSAGES: dict[str, list[tuple[str, int, str]]] = {
     "Status": [("message", 2, "string"), ("code", 3, "int32")],
     "Event": [("time_unix_nano", 1, "fixed64"), ("name", 2, "string"), ("attributes", 3, "*bytes"),
               ("dropped_attributes_count", 4, "uint32")],
+    # an Event without its time (field 1): what follows the time in an event as protobuf writes it
+    "EventTail": [("name", 2, "string"), ("attributes", 3, "*bytes"), ("dropped_attributes_count", 4, "uint32")],
     "Link": [("trace_id", 1, "bytes"), ("span_id", 2, "bytes"), ("trace_state", 3, "string"),
              ("attributes", 4, "*bytes"), ("dropped_attributes_count", 5, "uint32"), ("flags", 6, "fixed32")],
     "Span": [("trace_id", 1, "bytes"), ("span_id", 2, "bytes"), ("trace_state", 3, "string"),
              ("parent_span_id", 4, "bytes"), ("flags", 16, "fixed32"), ("name", 5, "string"), ("kind", 6, "int32"),
              ("start_time_unix_nano", 7, "fixed64"), ("end_time_unix_nano", 8, "fixed64"),
-             ("attributes", 9, "*bytes"), ("dropped_attributes_count", 10, "uint32"), ("events", 11, "*Event"),
+             ("attributes", 9, "*bytes"), ("dropped_attributes_count", 10, "uint32"), ("events", 11, "*bytes"),
              ("dropped_events_count", 12, "uint32"), ("links", 13, "*Link"), ("dropped_links_count", 14, "uint32"),
              ("status", 15, "Status")],
     "Scope": [("name", 1, "string"), ("version", 2, "string"), ("attributes", 3, "*bytes"),
@@ -72,6 +76,8 @@ def _build() -> dict[str, Any]:
 
 _CLASSES = _build()
 TracesRequest: Any = _CLASSES["TracesRequest"]
+Event: Any = _CLASSES["Event"]
+EventTail: Any = _CLASSES["EventTail"]
 
 
 def parse_traces(payload: bytes) -> Any:

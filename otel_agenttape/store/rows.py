@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
@@ -325,24 +326,89 @@ _kv_cached = _KV_CACHE.get
 _KEY_PREFIX: dict[str, str] = {}
 
 
+def _varint(raw: bytes, p: int) -> tuple[int, int]:
+    """The varint at ``p`` and the position after it (-1 when it runs past the end or past 5 bytes)."""
+    value = shift = 0
+    for q in range(p, min(p + 5, len(raw))):
+        b = raw[q]
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, q + 1
+        shift += 7
+    return 0, -1
+
+
+def _string_kv(raw: bytes) -> tuple[str, str] | None:
+    """(key, value) of a KeyValue laid out the way protobuf writes one with a non-empty string value:
+    the key (field 1), then the value (field 2) holding only ``string_value`` (field 1). Reading it
+    here spares parsing the message and copying the value out of it, which for long values (messages,
+    prompts) is most of their cost. None for any other layout, and for text that is not UTF-8 (strict,
+    as protobuf checks it): those go through ``KeyValue``, which decodes or raises as it always did."""
+    n = len(raw)
+    if n < 7 or raw[0] != 0x0A:
+        return None
+    klen = raw[1]
+    if klen >= 0x80:
+        return None
+    p = 2 + klen
+    try:
+        # the value (field 2), then its string_value (field 1): each runs to the end of ``raw``; lengths
+        # of one or two bytes are read inline (values up to 16 KB), longer ones with _varint
+        for tag in (0x12, 0x0A):
+            if raw[p] != tag:
+                return None
+            b = raw[p + 1]
+            if b < 0x80:
+                p += 2
+                if p + b != n:
+                    return None
+            else:
+                c = raw[p + 2]
+                if c < 0x80:
+                    p += 3
+                    if p + ((b & 0x7F) | c << 7) != n:
+                        return None
+                else:
+                    length, p = _varint(raw, p + 1)
+                    if p < 0 or p + length != n:
+                        return None
+        if p == n:  # an empty string value
+            return None
+        return raw[2:2 + klen].decode(), raw[p:].decode()
+    except (IndexError, UnicodeDecodeError):
+        return None
+
+
+def _string_piece(key: str, s: str) -> tuple[str, str, Any]:
+    """(key, JSON member, promoted value) of a non-empty string value."""
+    prefix = _KEY_PREFIX.get(key)
+    if prefix is None:
+        prefix = orjson.dumps(key).decode() + ':{"s":'
+        if len(_KEY_PREFIX) < _CACHE_ENTRIES:
+            _KEY_PREFIX[key] = prefix
+    piece = f"{prefix}{orjson.dumps(s).decode()}}}"
+    slot = _SLOT.get(key)
+    if slot is not None:
+        value = _int({"s": s}) if slot[1] else s
+    else:
+        value = s if key == sc.GEN_AI_SYSTEM else None
+    return key, piece, value
+
+
 def _kv_entry(raw: bytes) -> tuple[str, str, Any]:
     """Decode one KeyValue (``DecodeError`` if it is not one) to (key, JSON member, promoted value)."""
+    plain = _string_kv(raw)
+    if plain is not None:
+        entry = _string_piece(*plain)
+        if len(raw) <= _CACHED_KV_BYTES:
+            _admit(_KV_CACHE, _KV_SEEN, raw, entry)
+        return entry
     kv = KeyValue.FromString(raw)
     key = kv.key
     v = kv.value
     s = v.string_value
     if s:  # most values: skip WhichOneof and the dict encoding
-        prefix = _KEY_PREFIX.get(key)
-        if prefix is None:
-            prefix = orjson.dumps(key).decode() + ':{"s":'
-            if len(_KEY_PREFIX) < _CACHE_ENTRIES:
-                _KEY_PREFIX[key] = prefix
-        piece = prefix + orjson.dumps(s).decode() + "}"
-        slot = _SLOT.get(key)
-        if slot is not None:
-            value = _int({"s": s}) if slot[1] else s
-        else:
-            value = s if key == sc.GEN_AI_SYSTEM else None
+        entry = _string_piece(key, s)
     else:
         typed = _typed(v)
         piece = orjson.dumps({key: typed}, option=_SORT)[1:-1].decode()
@@ -353,7 +419,7 @@ def _kv_entry(raw: bytes) -> tuple[str, str, Any]:
             value = _text(typed)
         else:
             value = None
-    entry = (key, piece, value)
+        entry = (key, piece, value)
     if len(raw) <= _CACHED_KV_BYTES:
         _admit(_KV_CACHE, _KV_SEEN, raw, entry)
     return entry
@@ -410,9 +476,10 @@ def _attrs_json(raws: Any) -> str:
     return "{" + ",".join(plan[0](pieces)) + "}"
 
 
-# A whole attribute set of an event or a link, as the tuple of its raw KeyValues, maps to its JSON
-# when the set is short: events of one kind repeat theirs from span to span (sequence numbers,
-# reasons, short segments), and one lookup replaces a lookup per pair, the plan and the join.
+# A whole attribute set of a link, as the tuple of its raw KeyValues, maps to its JSON when the set
+# is short: one lookup replaces a lookup per pair, the plan and the join. (Events of one kind repeat
+# theirs from span to span too: sequence numbers, reasons, short segments; they are cached whole,
+# all but their time, below.)
 _CACHED_SET_BYTES = 512
 _SET_CACHE: dict[tuple[bytes, ...], str] = {}
 _SET_SEEN: set[int] = set()
@@ -426,6 +493,50 @@ def _set_json(raws: tuple[bytes, ...]) -> str:
     if sum(map(len, raws)) <= _CACHED_SET_BYTES:
         _admit(_SET_CACHE, _SET_SEEN, raws, attributes)
     return attributes
+
+
+# An event as protobuf writes it starts with its time (field 1, fixed64: tag 0x09 and 8 bytes); the
+# rest (name, attributes, dropped count) repeats from span to span for events of one kind. That rest
+# maps to (name, attributes JSON, dropped count), so a repeated event costs a slice and a lookup
+# instead of a parse. A rest enters the cache (on its second miss, like the sets) only when it holds
+# nothing but those fields in protobuf's own layout, so the event's time is always its first 9 bytes.
+_CACHED_EVENT_BYTES = 640
+_EVENT_CACHE: dict[bytes, tuple[str, str, int]] = {}
+_EVENT_SEEN: set[int] = set()
+_event_cached = _EVENT_CACHE.get
+_parse_event = otlpwire.Event.FromString
+
+
+def _event_fields(raw: bytes) -> tuple[int, str, str, int]:
+    """(time, name, attributes JSON, dropped count) of a serialized event missing from
+    ``_EVENT_CACHE`` (``DecodeError`` if it is not an event)."""
+    ev = _parse_event(raw)
+    # not through _SET_CACHE: a set that repeats comes with a tail that repeats, cached above
+    fields = (ev.name, _attrs_json(ev.attributes[:]), ev.dropped_attributes_count)
+    if 9 < len(raw) <= _CACHED_EVENT_BYTES and raw[0] == 0x09:
+        tail = raw[9:]
+        h = hash(tail)
+        if h in _EVENT_SEEN:
+            if _plain_tail(tail):
+                if len(_EVENT_CACHE) >= _CACHE_ENTRIES:
+                    _EVENT_CACHE.clear()
+                _EVENT_CACHE[tail] = fields
+        else:
+            if len(_EVENT_SEEN) >= _SEEN_ENTRIES:
+                _EVENT_SEEN.clear()
+            _EVENT_SEEN.add(h)
+    return (ev.time_unix_nano, *fields)
+
+
+def _plain_tail(tail: bytes) -> bool:
+    """Whether ``tail`` holds only an event's name, attributes and dropped count, laid out as
+    protobuf writes them (no time field, no unknown field, nothing written twice)."""
+    try:
+        msg = otlpwire.EventTail.FromString(tail)
+    except _ProtoDecodeError:
+        return False
+    msg.DiscardUnknownFields()
+    return msg.SerializeToString() == tail
 
 
 def _wire(request: Any) -> Any:
@@ -463,8 +574,8 @@ span_problem = otlpwire.span_problem
 def _decode_only(span: Any) -> None:
     """Decode the attributes of a span that is left out, so a malformed one still fails the request."""
     _attrs_json(span.attributes[:])
-    for ev in span.events:
-        _attrs_json(ev.attributes[:])
+    for raw in span.events:
+        _attrs_json(_parse_event(raw).attributes[:])
     for ln in span.links:
         _attrs_json(ln.attributes[:])
 
@@ -483,6 +594,9 @@ def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None) -> T
     make_plan = _plan
     set_cached = _set_cached
     set_json = _set_json
+    event_cached = _event_cached
+    event_fields = _event_fields
+    from_le = int.from_bytes
     no_promoted = _NO_PROMOTED
     provider = _PROVIDER_SLOT
     zero_trace, zero_span = _ZERO_TRACE, _ZERO_SPAN
@@ -571,10 +685,12 @@ def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None) -> T
                     )
                     events = span.events
                     if events:
-                        for i, ev in enumerate(events):
-                            raws = tuple(ev.attributes[:])
-                            add_event((tid, sid, i, ev.time_unix_nano, ev.name, set_cached(raws) or set_json(raws),
-                                       ev.dropped_attributes_count, day))
+                        for i, raw in enumerate(events[:]):
+                            hit = event_cached(raw[9:]) if raw and raw[0] == 0x09 else None
+                            if hit is not None:
+                                add_event((tid, sid, i, from_le(raw[1:9], "little"), *hit, day))
+                            else:
+                                add_event((tid, sid, i, *event_fields(raw), day))
                     if links:
                         for i, ln in enumerate(links):
                             raws = tuple(ln.attributes[:])
