@@ -122,11 +122,12 @@ def _client(idx: int, port: int, path: str, n_requests: int, per_request: int, c
 
     threads = [threading.Thread(target=worker, args=(bodies[i::conns],)) for i in range(conns)]
     ready.wait()
+    cpu0 = time.process_time()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    results.put({"latencies": latencies, "retries": errors[0]})
+    results.put({"latencies": latencies, "retries": errors[0], "cpu": time.process_time() - cpu0})
 
 
 class Load:
@@ -152,7 +153,8 @@ class Load:
         return time.time()
 
     def join(self) -> tuple[list[float], int]:
-        """Sorted acknowledgement latencies (seconds) and the count of throttled attempts."""
+        """Sorted acknowledgement latencies (seconds) and the count of throttled attempts; the clients'
+        CPU seconds while posting go to ``self.client_cpu``."""
         outs = []
         while len(outs) < len(self._procs):
             try:
@@ -163,6 +165,7 @@ class Load:
                     raise SystemExit(f"a client process failed (exit codes {codes})") from None
         for p in self._procs:
             p.join()
+        self.client_cpu = sum(o["cpu"] for o in outs)
         return sorted(x for o in outs for x in o["latencies"]), sum(o["retries"] for o in outs)
 
 
@@ -267,7 +270,8 @@ def run_agenttape(args: argparse.Namespace) -> tuple[float, float, float]:
         print(f"agenttape: {total} spans, all acked after {t_acked - t0:.2f}s, queryable after {t_end - t0:.2f}s, "
               f"{retries} throttled attempts, p50 ack {lat[len(lat) // 2] * 1000:.1f} ms, "
               f"receiver CPU {cpu:.1f}s = {cpu / total * 1e6:.0f} us/span ({cpu_main / total * 1e6:.0f} main + "
-              f"{cpu_workers / total * 1e6:.0f} converter processes), load average {os.getloadavg()[0]:.1f}",
+              f"{cpu_workers / total * 1e6:.0f} converter processes), client CPU {load.client_cpu:.1f}s = "
+              f"{load.client_cpu / total * 1e6:.0f} us/span, load average {os.getloadavg()[0]:.1f}",
               file=sys.stderr)
         return rate, p99, rss
     finally:

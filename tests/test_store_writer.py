@@ -176,3 +176,50 @@ def test_writes_run_on_one_thread_and_reads_get_theirs_back(tmp_path):
             pass
     assert store.reader().query("SELECT count(*) FROM spans").column(0)[0].as_py() == 8
     store.close()
+
+
+def _model_spans(n: int, seed: int) -> list:
+    """One request of ``n`` ~2.7 KB model spans with their own ids."""
+    req = samples.model_span_request(seed=seed)
+    spans = req.resource_spans[0].scope_spans[0].spans
+    span = spans[0]
+    for i in range(1, n):
+        s = spans.add()
+        s.CopyFrom(span)
+        s.span_id = (seed * 1_000_000 + i).to_bytes(8, "big")
+    return [req]
+
+
+def test_a_big_write_checkpoints_at_its_commit_instead_of_going_through_the_wal(tmp_path):
+    db = tmp_path / "t.duckdb"
+    wal = tmp_path / "t.duckdb.wal"
+    store = Store(str(db))
+
+    def threshold():
+        return store.con.sql("SELECT current_setting('checkpoint_threshold')").fetchall()[0][0]
+
+    default = threshold()
+    small = store.write_traces(_model_spans(50, seed=1))
+    assert threshold() == default  # small writes collect in DuckDB's WAL as before
+    assert wal.exists() and wal.stat().st_size > 0
+    big = store.write_traces(_model_spans(6000, seed=2))  # over writer.BIG_WRITE_BYTES of rows
+    assert threshold() != default
+    assert not wal.exists() or wal.stat().st_size == 0  # checkpointed (with the small write), no WAL copy
+    again = store.write_traces(_model_spans(50, seed=3))
+    assert threshold() == default and wal.stat().st_size > 0
+    assert (small.spans_stored, big.spans_stored, again.spans_stored) == (50, 6000, 50)
+    # only the thread count and this threshold may change: everything else stays locked
+    for statement in ("SET memory_limit = '8GB'", "SET enable_external_access = true"):
+        try:
+            store.con.execute(statement)
+            raise AssertionError(f"{statement} was allowed")
+        except duckdb.Error:
+            pass
+    store.close()
+    with Store(str(db)) as reopened:
+        assert reopened.reader().query("SELECT count(*) FROM spans").column(0)[0].as_py() == 6100
+
+
+def test_an_in_memory_store_takes_big_writes_without_checkpoint_settings():
+    with Store(None) as store:
+        assert store.write_traces(_model_spans(6000, seed=4)).spans_stored == 6000

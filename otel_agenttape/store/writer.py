@@ -159,9 +159,28 @@ class KeyFilter:
         self._runs.append(new)
 
 
+def _rows_bytes(t: rows.Tables) -> int:
+    """Bytes of the rows a write inserts (Arrow buffers; strings at their length)."""
+    return t.spans.nbytes + t.span_events.nbytes + t.span_links.nbytes + t.log_records.nbytes
+
+
 def _hashes(con: duckdb.DuckDBPyConnection, view: str, key_sql: str) -> np.ndarray:
     t = con.sql(f"SELECT hash({key_sql}) FROM {view}").to_arrow_table()
     return t.column(0).to_numpy().astype(np.uint64, copy=False)
+
+
+# DuckDB checkpoints at a commit when its WAL plus its size estimate of the transaction passes
+# ``checkpoint_threshold`` (default 16 MiB), and then skips writing the transaction to the WAL. The
+# estimate counts a string as its fixed-size slot, not its text: a receiver batch of 14,000 ~2.7 KB
+# spans (~55 MB of Arrow rows) is estimated under 16 MiB, so every second such batch went to the WAL
+# in full (serialized, written, fsync'd) only to be checkpointed with the next one. A write of at
+# least BIG_WRITE_BYTES of rows (Arrow) therefore lowers the threshold so that it checkpoints at its
+# own commit, without the WAL: 8.2-8.9 instead of 11.4-11.6 us per span for batches of 14,000.
+# Smaller writes keep the default and collect in the WAL, so their rows are compressed together in
+# row groups as large as before. The setting stays until the other kind of write comes.
+BIG_WRITE_BYTES = 16 * 1024 * 1024
+_CHECKPOINT_DEFAULT = "16MiB"  # DuckDB's own default
+_CHECKPOINT_AT_ONCE = "1MB"
 
 
 class Store:
@@ -183,8 +202,13 @@ class Store:
         # ``threads`` is changeable: every other setting remains locked.
         self._write_threads = int(write_threads) if write_threads else None
         self._writing = False  # the database runs with write_threads
-        if self._write_threads:
-            config["allowed_configs"] = ["threads"]
+        allowed = ["threads"] if self._write_threads else []
+        self._checkpoints = bool(path)  # an in-memory store never checkpoints
+        self._checkpoint_at_once = False  # checkpoint_threshold is _CHECKPOINT_DEFAULT
+        if path:
+            allowed.append("checkpoint_threshold")  # see BIG_WRITE_BYTES
+        if allowed:
+            config["allowed_configs"] = allowed
         # Rows are only appended, never deleted, so a checkpoint has nothing to vacuum; but by default
         # it merges the row groups of consecutive batches into full ones, compressing the same rows
         # again and again (every second batch, fourth, eighth...). Without that, each batch's rows
@@ -238,6 +262,12 @@ class Store:
             if self._write_threads and not self._writing:
                 con.execute(f"SET threads = {self._write_threads}")
                 self._writing = True
+            if self._checkpoints:
+                at_once = _rows_bytes(t) >= BIG_WRITE_BYTES
+                if at_once != self._checkpoint_at_once:
+                    threshold = _CHECKPOINT_AT_ONCE if at_once else _CHECKPOINT_DEFAULT
+                    con.execute(f"SET checkpoint_threshold = '{threshold}'")
+                    self._checkpoint_at_once = at_once
             con.begin()
             try:
                 result = self._insert(con, t)
