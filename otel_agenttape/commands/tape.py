@@ -136,7 +136,7 @@ def cmd_dataset(args: argparse.Namespace) -> int:
     try:
         since = parse_since(args.since) if args.since else None
     except ValueError:
-        raise CliError(f"--since: not an ISO date/time: {args.since}") from None
+        raise CliError(f"--since: not an ISO date/time or nanoseconds since the epoch: {args.since}") from None
     reader = _open(args)
     try:
         out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115

@@ -445,18 +445,22 @@ def list_runs(reader: Reader, *, agent: str | None = None, since_ns: int | None 
 
     A run is listed by any span that carries its run id, so a run whose process died before its run
     span ended (status ``incomplete``) is listed too."""
-    where = ["run_id IS NOT NULL"]
+    # Windows cover every span of a run; the filters pick whole runs (by the agent of any of its
+    # spans, by the start of the run), so a run is never cut to the spans that match.
+    picks: list[str] = []
     params: list[object] = []
     if agent:
-        where.append("agent_name = ?")
+        picks.append("bool_or(agent_name = ?)")
         params.append(agent)
     if since_ns is not None:
-        where.append("start_time_unix_nano >= ?")
+        picks.append("min(start_time_unix_nano) >= ?")
         params.append(since_ns)
+    pick = (f"WHERE run_id IN (SELECT run_id FROM spans WHERE run_id IS NOT NULL GROUP BY run_id "
+            f"HAVING {' AND '.join(picks)})") if picks else "WHERE run_id IS NOT NULL"
     rows = _rows(
         reader,
         "SELECT run_id, trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM spans "
-        f"WHERE {' AND '.join(where)} GROUP BY run_id, trace_id",
+        f"{pick} GROUP BY run_id, trace_id",
         params,
     )
     grouped: dict[str, list[tuple[str, int, int]]] = {}

@@ -1,0 +1,58 @@
+"""Picking runs by start time and agent: whole runs are picked, never cut to the spans that match."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry import trace
+
+from otel_agenttape import semconv as sc
+from otel_agenttape.store import samples
+from otel_agenttape.store.writer import Store
+from otel_agenttape.tape import list_runs
+from otel_agenttape.tape.dataset import parse_since
+
+T = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
+MIN = 60 * 1_000_000_000
+
+
+def _long_run(tracer, run_id: str, start: int) -> None:
+    """A ten-minute run whose run span alone names the agent; nodes early and late."""
+    run = tracer.start_span("invoke_agent planner", start_time=start, attributes={
+        sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT, sc.GEN_AI_AGENT_NAME: "planner", sc.RUN_ID: run_id})
+    ctx = trace.set_span_in_context(run)
+    for at in (start + MIN // 60, start + 9 * MIN):
+        tracer.start_span("chat m", context=ctx, start_time=at, attributes={
+            sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT, sc.RUN_ID: run_id, sc.NODE_TYPE: "model"}).end(end_time=at + 5)
+    run.end(end_time=start + 10 * MIN)
+
+
+@pytest.fixture()
+def reader(tmp_path):
+    store = Store(str(tmp_path / "sel.duckdb"))
+    store.write_traces(samples.sdk_requests(lambda tr: (_long_run(tr, "early", T), _long_run(tr, "late", T + 30 * MIN))))
+    r = store.reader()
+    yield r
+    r.close()
+    store.close()
+
+
+def test_since_picks_runs_that_started_then_and_keeps_their_whole_window(reader):
+    assert [r.run_id for r in list_runs(reader, since_ns=T, include_foreign=False)] == ["early", "late"]
+    (early, _) = list_runs(reader, since_ns=T, include_foreign=False)
+    assert early.windows[0][1:] == (T, T + 10 * MIN)  # from the run span's start to its end
+    # a cutoff in the middle of a run: that run started before it, so it is not picked
+    assert [r.run_id for r in list_runs(reader, since_ns=T + 5 * MIN, include_foreign=False)] == ["late"]
+
+
+def test_agent_filter_keeps_the_spans_that_do_not_name_the_agent(reader):
+    (early, late) = list_runs(reader, agent="planner", include_foreign=False)
+    assert early.windows[0][1:] == (T, T + 10 * MIN) and late.start_ns == T + 30 * MIN
+    assert list_runs(reader, agent="nobody", include_foreign=False) == []
+
+
+def test_since_reads_iso_dates_and_nanoseconds_only():
+    assert parse_since("2026-01-01") == parse_since("20260101") == T
+    assert parse_since("2026-01-01T00:00:00Z") == T and parse_since(str(T)) == T
+    for ambiguous in ("1767225600", "1767225600000"):  # seconds, milliseconds: not nanoseconds
+        with pytest.raises(ValueError, match="ISO date"):
+            parse_since(ambiguous)
