@@ -107,7 +107,7 @@ def test_cli_resume_index_from_otlp_file(tmp_path, capsys):
     loaded = ResumeIndex.load_json(out)
     assert agent(loaded, world) == first and world.model == 4
     assert cli(["resume-index", "nope", "--otlp", str(otlp), "--out", str(tmp_path / "x.json")]) == 2
-    capsys.readouterr()
+    assert capsys.readouterr().err == "agenttape: error: run not found: nope\n"  # as show and replay say
     missing_dir = tmp_path / "no" / "such" / "o.json"
     assert cli(["resume-index", "run-1", "--otlp", str(otlp), "--out", str(missing_dir)]) == 2
     err = capsys.readouterr().err
@@ -175,3 +175,17 @@ def test_resumed_run_continues_the_same_tape_and_verifies(tmp_path, run_id):
     reports = verify_store(store.reader(), run=run_id, checkpoint_files=[cps])
     assert [(r.epoch, r.valid) for r in reports] == [(0, True), (1, True)], reports
     assert len(build_resume_index(store.reader(), run_id).entries("model")) == 4
+
+
+@pytest.mark.parametrize("answer", ["Use the lookup tool.", {"text": "Use the lookup tool.", "id": 7}])
+def test_a_client_returning_text_records_it_as_the_model_output(answer):
+    """Plain text, or a dict with a text field: the node's output messages hold it (show, dataset)."""
+    exporter = InMemorySpanExporter()
+    tape = otel_agenttape.setup(exporter=exporter, seal=False)
+    with tape.run(agent="a", run_id="text-run") as run:
+        m = ResumableModelClient(lambda request: answer, ResumeIndex("text-run"), run=run)
+        assert m.create({"messages": [{"role": "user", "content": "Paris?"}]}) == answer
+    tape.shutdown()
+    (node,) = [s for s in exporter.get_finished_spans() if (s.attributes or {}).get(sc.NODE_TYPE) == "model"]
+    out = json.loads(node.attributes[sc.GEN_AI_OUTPUT_MESSAGES])
+    assert [p.get("content") for msg in out for p in msg["parts"] if p["type"] == "text"] == ["Use the lookup tool."]

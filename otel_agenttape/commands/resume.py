@@ -15,8 +15,12 @@ def cmd_resume_index(args: argparse.Namespace) -> int:
     reader = open_args(args)
     try:
         index = build_resume_index(reader, args.run)
+        known = len(index) > 0 or reader.query(
+            "SELECT 1 AS x FROM spans WHERE run_id = ? OR trace_id = ? LIMIT 1", [args.run, args.run]).num_rows > 0
     finally:
         reader.close()
+    if not known:
+        raise CliError(f"run not found: {args.run}")  # as show, replay and diff say it
     if len(index) == 0:
         raise CliError(f"no model or tool nodes recorded for run {args.run}")
     try:

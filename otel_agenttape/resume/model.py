@@ -147,6 +147,16 @@ class AsyncResumableStream:
         return None
 
 
+
+def plain_text(encoded: Any) -> str | None:
+    """The answer's text when a client returns plain text or a dict with a ``text`` string, which
+    provider payload parsing does not read (OpenAI and Anthropic shapes are read from ``raw``)."""
+    if isinstance(encoded, str):
+        return encoded
+    if isinstance(encoded, dict) and isinstance(encoded.get("text"), str):
+        return encoded["text"]
+    return None
+
 class ResumableModelClient:
     """Wraps a model client so completed calls are not paid for again on a resumed run.
 
@@ -200,7 +210,7 @@ class ResumableModelClient:
                 result = call() if call is not None else self._fn("create")(request)
                 encoded = to_jsonable(self.encode(result))
                 self.index.record_result(c, encoded)
-                node.finish(raw=encoded)
+                node.finish(raw=encoded, text=plain_text(encoded))
                 mark_result(node, encoded)
             return result
         finally:
@@ -217,7 +227,7 @@ class ResumableModelClient:
                     result = await result
                 encoded = to_jsonable(self.encode(result))
                 self.index.record_result(c, encoded)
-                node.finish(raw=encoded)
+                node.finish(raw=encoded, text=plain_text(encoded))
                 mark_result(node, encoded)
             return result
         finally:
