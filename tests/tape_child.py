@@ -1,11 +1,12 @@
 """A child agent in its own process: joins the coordinator's run from a W3C trace-context carrier.
 
-Usage: python tape_child.py RECEIVER_URL CARRIER_JSON RUN_ID
+Usage: python tape_child.py RECEIVER_URL CARRIER_JSON RUN_ID [crash]
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from tape_agents import ScriptedModel, ScriptedTools, recorder, weather_agent
@@ -19,6 +20,12 @@ class _Url:
 def main() -> int:
     url, carrier, run_id = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     tape = recorder(_Url(url))
+    if sys.argv[4:] == ["crash"]:  # dies after one tool node: its run span never ends
+        with tape.run("remote-specialist", run_id=run_id, parent=carrier) as run:
+            with run.tool_call("lookup", {"city": "Lima"}, call_id="c1") as tool:
+                tool.result({"temp_c": 19})
+            tape.force_flush()
+            os._exit(1)
     try:
         weather_agent(tape, ScriptedModel(), ScriptedTools(), "Weather in Lima?", parent=carrier,
                       agent="remote-specialist", run_id=run_id)

@@ -178,3 +178,22 @@ def test_coordinator_tree_with_a_child_in_another_process(served):
     finally:
         lake.close()
     assert from_lake.root.to_json(children=True) == tree.root.to_json(children=True)
+
+
+def test_a_child_that_died_in_another_process_stays_in_the_tree(served):
+    server, tape, _ = served
+    with tape.run("coordinator", run_id="coord-c", session_id="sess-c", input="Plan") as coord:
+        carrier = coord.inject({})
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run(
+            [sys.executable, str(HERE / "tape_child.py"), server.url, json.dumps(carrier), "child-dead", "crash"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == 1, proc.stderr
+        coord.set_output("done without it")
+    flush(tape, server)
+    tree = reconstruct_tree(server.store.reader(), "coord-c")
+    (dead,) = tree.children
+    assert dead.run_id == "child-dead" and dead.status == "incomplete"
+    assert dead.parent_run_id == "coord-c" and dead.session_id == "sess-c"
+    assert [n.tool_name for n in dead.nodes] == ["lookup"]

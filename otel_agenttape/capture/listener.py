@@ -77,6 +77,8 @@ class _RunState:
     session_id: str | None
     status: str | None = None
     error: str | None = None
+    parent_run_id: str | None = None  # also on the run's node spans: a child that dies before its run
+    # span ends (another process) still names its parent run
 
 
 @dataclass(slots=True)
@@ -280,7 +282,7 @@ class CaptureListener:
         if self.tracer is not None and e.payload is not None:
             self._content(sc.GEN_AI_INPUT_MESSAGES, dumps(_as_messages(e.payload, "user")), [], attrs)
         span = self._start_span(name, SpanKind.INTERNAL, attrs, e.time_ns, parent, links)
-        self._runs[e.run_id] = _RunState(e.run_id, span, agent, e.session_id)
+        self._runs[e.run_id] = _RunState(e.run_id, span, agent, e.session_id, parent_run_id=e.parent_run_id)
         return span
 
     def _run_end(self, e: AgentEvent) -> None:
@@ -347,6 +349,7 @@ class CaptureListener:
                 sc.GEN_AI_AGENT_NAME: run.agent if run else e.agent,
                 sc.RUN_ID: e.run_id,
                 sc.SESSION_ID: record.session_id,
+                sc.PARENT_RUN_ID: run.parent_run_id if run else None,
                 sc.TURN_ID: e.turn_id,
                 sc.STEP: e.step,
                 sc.NODE_TYPE: MODEL,
@@ -562,6 +565,7 @@ class CaptureListener:
             sc.GEN_AI_AGENT_NAME: run.agent if run else e.agent,
             sc.RUN_ID: e.run_id,
             sc.SESSION_ID: record.session_id,
+            sc.PARENT_RUN_ID: run.parent_run_id if run else None,
             sc.TURN_ID: e.turn_id,
             sc.STEP: e.step,
             sc.NODE_TYPE: TOOL,

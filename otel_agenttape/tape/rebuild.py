@@ -9,8 +9,9 @@ runs in other traces are found by ``agenttape.parent_run.id`` or by span links.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import semconv as sc
 from . import foreign
@@ -18,8 +19,8 @@ from .load import (
     Reader,
     SpanRow,
     TraceSet,
-    _rows,
     Windows,
+    _rows,
     child_traces,
     load_logs,
     load_traces,
@@ -141,7 +142,11 @@ class _Index:
                 out.append(other_key)
                 continue
             enclosing = self.runs.get(other.parent_key) if other.parent_key else None
-            if not other.run_spans or (enclosing is not None and enclosing.run_spans):
+            if not other.run_spans:  # its run span never arrived (the process died): its nodes name the parent
+                if enclosing is None and any(s.attrs.get(sc.PARENT_RUN_ID) == key for s in other.node_spans):
+                    out.append(other_key)
+                continue
+            if enclosing is not None and enclosing.run_spans:
                 continue  # nested in another run span: that run is its parent
             first = other.run_spans[0]
             if (first.parent_run_id or first.attrs.get(sc.PARENT_RUN_ID)) == key:
@@ -227,6 +232,13 @@ def reconstruct_tree(reader: Reader, root_run_id: str) -> RunTree:
 
 
 # --- building one run ---------------------------------------------------------------------------
+
+
+def _from_nodes(parts: _RunParts, key: str, run_spans: Sequence[Any]) -> Any:
+    """An attribute of the run read from its node spans, for a run whose run span never arrived."""
+    if run_spans:
+        return None
+    return next((s.attrs[key] for s in parts.node_spans if s.attrs.get(key)), None)
 
 
 def _dedupe_nested_models(parts: _RunParts, nodes: list[Node]) -> list[Node]:
@@ -327,8 +339,10 @@ def build_run(parts: _RunParts) -> Run:
         status_message=message,
         start_ns=start,
         end_ns=end,
-        session_id=attrs.get(sc.SESSION_ID) or attrs.get(sc.GEN_AI_CONVERSATION_ID) or attrs.get(foreign.OI_SESSION_ID),
-        parent_run_id=(first.parent_run_id or attrs.get(sc.PARENT_RUN_ID)) if first is not None else None,
+        session_id=(attrs.get(sc.SESSION_ID) or attrs.get(sc.GEN_AI_CONVERSATION_ID) or attrs.get(foreign.OI_SESSION_ID)
+                    or _from_nodes(parts, sc.SESSION_ID, run_spans)),
+        parent_run_id=((first.parent_run_id or attrs.get(sc.PARENT_RUN_ID)) if first is not None else None)
+        or _from_nodes(parts, sc.PARENT_RUN_ID, run_spans),
         previous_run_id=attrs.get(sc.PREVIOUS_RUN_ID),
         service_name=first.service_name if first is not None else None,
         convention=foreign.convention(first) if first is not None else "genai",
