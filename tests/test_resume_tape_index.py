@@ -189,3 +189,27 @@ def test_a_client_returning_text_records_it_as_the_model_output(answer):
     (node,) = [s for s in exporter.get_finished_spans() if (s.attributes or {}).get(sc.NODE_TYPE) == "model"]
     out = json.loads(node.attributes[sc.GEN_AI_OUTPUT_MESSAGES])
     assert [p.get("content") for msg in out for p in msg["parts"] if p["type"] == "text"] == ["Use the lookup tool."]
+
+
+def test_a_position_matched_model_call_refuses_another_prompt_or_model():
+    """Spans without resume keys replay model answers by position, but never for a changed prompt."""
+    from otel_agenttape.resume import DivergenceError
+
+    exporter = InMemorySpanExporter()
+    tape = otel_agenttape.setup(exporter=exporter, seal=False)
+    with tape.run(agent="a", run_id="plain") as run:
+        with run.model_call("gpt-x", [{"role": "user", "content": "Pay the invoice"}]) as call:
+            call.finish(raw={"text": "calling pay"})
+    tape.shutdown()
+    store = Store(None)
+    store.write_traces([encode_spans(exporter.get_finished_spans())])
+
+    def fresh():
+        return ResumableModelClient(Counting(), build_resume_index(store.reader(), "plain", replay_only=True))
+
+    with pytest.raises(DivergenceError, match="last user message"):
+        fresh().create({"model": "gpt-x", "messages": [{"role": "user", "content": "Delete everything"}]})
+    with pytest.raises(DivergenceError, match="recorded model"):
+        fresh().create({"model": "other", "messages": [{"role": "user", "content": "Pay the invoice"}]})
+    blocks = [{"role": "user", "content": [{"type": "text", "text": "Pay the invoice"}]}]  # Anthropic-style
+    assert fresh().create({"model": "gpt-x", "messages": blocks}) == {"text": "calling pay"}

@@ -23,7 +23,7 @@ from otel_agenttape.atomicfile import write_atomic
 from .entry import COMMITTED, FAILED, INTENT, MATCH_POSITION, Entry
 from .errors import DivergenceError, UnrecordedCallError
 from .journal import Journal
-from .keys import MODEL, TOOL, VALUE, ResumeKey, request_diff, request_hash
+from .keys import MODEL, TOOL, VALUE, ResumeKey, position_conflict, request_diff, request_hash
 
 JSON_VERSION = 1
 
@@ -203,6 +203,10 @@ class ResumeIndex:
             entry = self._entries.get(key)
             if entry is None:
                 entry = self._positional_match(kind, pos)
+                if entry is not None:
+                    why = position_conflict(entry.request, request)
+                    if why is not None:  # matched by position only: refuse what is plainly another call
+                        raise DivergenceError(kind, pos, entry.request, request, why)
             if entry is None:
                 self._check_divergence(kind, pos, digest, request, call_id)
             if entry is not None:

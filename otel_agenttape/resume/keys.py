@@ -93,3 +93,46 @@ def request_diff(recorded: Any, current: Any) -> str:
     return "\n".join(
         difflib.unified_diff(lines(recorded), lines(current), "recorded", "current", lineterm="")
     )
+
+
+# --- calls matched by position -----------------------------------------------------------------
+# A model span recorded without a resume key (plain capture, other instrumentations) has no request
+# hash to match; its entry is replayed by position. What it does say about its request (the model
+# and the messages, in the GenAI conventions' form) is still compared with the live request, so a
+# changed prompt or model raises ``DivergenceError`` instead of replaying another call's answer.
+
+_REQUEST_MODEL = "gen_ai.request.model"
+_INPUT_MESSAGES = "gen_ai.input.messages"
+
+
+def _last_user_text(messages: Any) -> str | None:
+    """The text of the last user message: OpenAI/Anthropic request messages or GenAI ``parts``."""
+    if not isinstance(messages, list):
+        return None
+    for msg in reversed(messages):
+        if not isinstance(msg, dict) or msg.get("role") != "user":
+            continue
+        content = msg.get("content", msg.get("parts"))
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            texts = [p.get("content", p.get("text")) for p in content if isinstance(p, dict)]
+            return "".join(t for t in texts if isinstance(t, str))
+        return None
+    return None
+
+
+def position_conflict(recorded: Any, current: Any) -> str | None:
+    """Why a live request is not the recorded position-matched one (another model, another last user
+    message), or None when nothing the recording says contradicts it."""
+    if not isinstance(recorded, dict) or not isinstance(current, dict):
+        return None
+    model = recorded.get(_REQUEST_MODEL)
+    live_model = current.get("model")
+    if isinstance(model, str) and isinstance(live_model, str) and model != live_model:
+        return f"recorded model {model!r}, now {live_model!r}"
+    was = _last_user_text(recorded.get(_INPUT_MESSAGES))
+    now = _last_user_text(current.get("messages"))
+    if was is not None and now is not None and was != now:
+        return f"recorded last user message {was[:80]!r}, now {now[:80]!r}"
+    return None
