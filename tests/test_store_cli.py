@@ -151,3 +151,37 @@ def test_store_that_cannot_be_created_is_exit_2(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("agenttape: error: ") and "cannot open" in err and len(err.splitlines()) == 1
+
+
+def test_runs_lists_a_run_whose_run_span_never_arrived(tmp_path, capsys):
+    """A process that died mid-run leaves node spans only: `runs` lists it as incomplete."""
+    from opentelemetry import trace
+
+    from otel_agenttape import semconv as sc
+
+    t = 1_767_225_600_000_000_000
+
+    def record(tracer):
+        run = tracer.start_span("invoke_agent ok", start_time=t, attributes={
+            sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT, sc.GEN_AI_AGENT_NAME: "ok", sc.RUN_ID: "done"})
+        tracer.start_span("chat m", context=trace.set_span_in_context(run), start_time=t + 1, attributes={
+            sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT, sc.RUN_ID: "done", sc.NODE_TYPE: "model"}).end(end_time=t + 2)
+        run.end(end_time=t + 3)
+        # the crashed run: its run span never ended (never exported), only its finished nodes
+        crashed = trace.set_span_in_context(tracer.start_span("invoke_agent crashy", start_time=t + 9))
+        for i, (kind, op) in enumerate([("model", sc.OP_CHAT), ("tool", sc.OP_EXECUTE_TOOL), ("model", sc.OP_CHAT)]):
+            tracer.start_span(f"{op} x", context=crashed, start_time=t + 10 + i, attributes={
+                sc.GEN_AI_OPERATION_NAME: op, sc.GEN_AI_AGENT_NAME: "crashy", sc.RUN_ID: "crashed",
+                sc.SESSION_ID: "s-1", sc.NODE_TYPE: kind, sc.GEN_AI_USAGE_INPUT_TOKENS: 5}).end(end_time=t + 20 + i)
+
+    db = str(tmp_path / "c.duckdb")
+    store = Store(db)
+    store.write_traces(samples.sdk_requests(record))
+    store.close()
+    assert main(["runs", "--db", db, "--json"]) == 0
+    rows = {r["run_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"done", "crashed"}
+    c = rows["crashed"]
+    assert (c["status"], c["agent"], c["session_id"]) == ("incomplete", "crashy", "s-1")
+    assert (c["model_nodes"], c["tool_nodes"], c["input_tokens"]) == (2, 1, 15)
+    assert rows["done"]["status"] == "completed" and rows["done"]["model_nodes"] == 1

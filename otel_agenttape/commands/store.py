@@ -80,10 +80,27 @@ def print_table(table: pa.Table, out: TextIO, fmt: str = "text") -> None:
     out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
 
 
+# The runs view (one row per run span) plus the runs known only by their node spans: their process
+# died before the run span ended, so they are listed as ``incomplete``, as ``replay`` calls them.
 RUNS_SQL = """
+WITH listed AS (
+  SELECT run_id, trace_id, agent, session_id, status, start_time, duration_ms,
+         model_nodes, tool_nodes, input_tokens, output_tokens, start_time_unix_nano
+  FROM runs
+  UNION ALL
+  SELECT s.run_id, s.trace_id, any_value(s.agent_name), any_value(s.session_id), 'incomplete',
+         make_timestamp(min(s.start_time_unix_nano) // 1000),
+         (max(s.end_time_unix_nano) - min(s.start_time_unix_nano)) / 1e6,
+         count(*) FILTER (WHERE s.node_type = 'model'), count(*) FILTER (WHERE s.node_type = 'tool'),
+         CAST(sum(s.input_tokens) AS BIGINT), CAST(sum(s.output_tokens) AS BIGINT), min(s.start_time_unix_nano)
+  FROM spans s
+  WHERE s.node_type IN ('model', 'tool') AND s.run_id IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM spans r WHERE r.operation_name = 'invoke_agent' AND r.run_id = s.run_id AND r.trace_id = s.trace_id)
+  GROUP BY s.run_id, s.trace_id
+)
 SELECT run_id, trace_id, agent, session_id, status, start_time, duration_ms,
        model_nodes, tool_nodes, input_tokens, output_tokens
-FROM runs ORDER BY start_time_unix_nano DESC, run_id LIMIT ?
+FROM listed ORDER BY start_time_unix_nano DESC, run_id LIMIT ?
 """
 
 
