@@ -56,3 +56,27 @@ def test_since_reads_iso_dates_and_nanoseconds_only():
     for ambiguous in ("1767225600", "1767225600000"):  # seconds, milliseconds: not nanoseconds
         with pytest.raises(ValueError, match="ISO date"):
             parse_since(ambiguous)
+
+
+def test_a_requested_tool_that_never_ran_is_marked(tmp_path):
+    """The question after a crash, "did we pay?": a requested call with no tool span says it never ran."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import otel_agenttape
+    from otel_agenttape.tape import reconstruct
+
+    exporter = InMemorySpanExporter()
+    tape = otel_agenttape.setup(exporter=exporter, seal=False)
+    with tape.run(agent="a", run_id="asked") as run:
+        with run.model_call("m", [{"role": "user", "content": "pay and look up"}]) as call:
+            call.finish(tool_calls=[{"id": "t1", "name": "lookup", "arguments": {"q": 1}},
+                                    {"id": "t2", "name": "pay", "arguments": {"amount": 5}}])
+        with run.tool_call("lookup", {"q": 1}, call_id="t1") as tool:
+            tool.result(None)  # ran, and returned nothing
+    tape.shutdown()
+    store = Store(str(tmp_path / "asked.duckdb"))
+    store.write_traces([encode_spans(exporter.get_finished_spans())])
+    tools = reconstruct(store.reader(), "asked").to_json()["tools"]
+    store.close()
+    assert [(t["name"], t["result"], t.get("ran", True)) for t in tools] == [("lookup", None, True), ("pay", None, False)]

@@ -120,6 +120,7 @@ class ToolCall:
     error: str | None = None
     span_id: str | None = None
     executed: bool = False
+    answered: bool = False  # its result came back to the model in a tool_call_response
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "arguments": self.arguments, "result": self.result}
@@ -127,6 +128,8 @@ class ToolCall:
             out["id"] = self.call_id
         if self.error:
             out["error"] = self.error
+        if not self.executed and not self.answered:
+            out["ran"] = False  # requested, but no tool span and no response: it never ran (or is running)
         return out
 
 

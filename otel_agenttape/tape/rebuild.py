@@ -379,6 +379,7 @@ def _tool_calls(nodes: list[Node]) -> list[ToolCall]:
                 call = ToolCall(name=c.get("name"), arguments=c.get("arguments"), call_id=cid)
                 if cid and str(cid) in responses:
                     call.result = responses[str(cid)]
+                    call.answered = True
                 calls.append(call)
                 if cid:
                     by_id[str(cid)] = call
