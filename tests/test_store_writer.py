@@ -7,6 +7,7 @@ import os
 import duckdb
 import numpy as np
 import orjson
+import pytest
 
 from otel_agenttape import anyvalue
 from otel_agenttape.store import samples
@@ -168,14 +169,16 @@ def test_writes_run_on_one_thread_and_reads_get_theirs_back(tmp_path):
     assert setting("threads") == 2
     # only the thread count may change: everything else stays locked for /api/query
     assert setting("lock_configuration") is True and setting("enable_external_access") is False
-    for statement in ("SET enable_external_access = true", "SET memory_limit = '8GB'"):
-        try:
-            store.con.execute(statement)
-            raise AssertionError(f"{statement} was allowed")
-        except duckdb.Error:
-            pass
+    _assert_locked(store)
     assert store.reader().query("SELECT count(*) FROM spans").column(0)[0].as_py() == 8
     store.close()
+
+
+def _assert_locked(store) -> None:
+    """Settings other than those the writer switches stay locked (``/api/query`` relies on it)."""
+    for statement in ("SET enable_external_access = true", "SET memory_limit = '8GB'"):
+        with pytest.raises(duckdb.Error):
+            store.con.execute(statement)
 
 
 def _model_spans(n: int, seed: int) -> list:
@@ -209,12 +212,7 @@ def test_a_big_write_checkpoints_at_its_commit_instead_of_going_through_the_wal(
     assert threshold() == default and wal.stat().st_size > 0
     assert (small.spans_stored, big.spans_stored, again.spans_stored) == (50, 6000, 50)
     # only the thread count and this threshold may change: everything else stays locked
-    for statement in ("SET memory_limit = '8GB'", "SET enable_external_access = true"):
-        try:
-            store.con.execute(statement)
-            raise AssertionError(f"{statement} was allowed")
-        except duckdb.Error:
-            pass
+    _assert_locked(store)
     store.close()
     with Store(str(db)) as reopened:
         assert reopened.reader().query("SELECT count(*) FROM spans").column(0)[0].as_py() == 6100

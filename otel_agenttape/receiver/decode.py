@@ -123,7 +123,7 @@ def _items(obj: dict[str, Any], key: str, where: str) -> list[Any]:
 
 
 _SPAN_IDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
-_LINK_IDS = ("traceId", "spanId", "trace_id", "span_id")
+_TRACE_AND_SPAN_IDS = ("traceId", "spanId", "trace_id", "span_id")
 
 
 def _span_id_problem(span: dict[str, Any], where: str) -> str | None:
@@ -131,8 +131,8 @@ def _span_id_problem(span: dict[str, Any], where: str) -> str | None:
         why = _id_problem(span, key)
         if why is not None:
             return why
-    for j, link in enumerate(_items(span, "links", where)):
-        for key in _LINK_IDS:
+    for link in _items(span, "links", where):
+        for key in _TRACE_AND_SPAN_IDS:
             why = _id_problem(link, key)
             if why is not None:
                 return f"link {why}"
@@ -140,7 +140,7 @@ def _span_id_problem(span: dict[str, Any], where: str) -> str | None:
 
 
 def _log_id_problem(rec: dict[str, Any], where: str) -> str | None:
-    for key in _LINK_IDS:
+    for key in _TRACE_AND_SPAN_IDS:
         why = _id_problem(rec, key)
         if why is not None:
             return why

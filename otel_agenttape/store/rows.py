@@ -515,16 +515,8 @@ def _event_fields(raw: bytes) -> tuple[int, str, str, int]:
     fields = (ev.name, _attrs_json(ev.attributes[:]), ev.dropped_attributes_count)
     if 9 < len(raw) <= _CACHED_EVENT_BYTES and raw[0] == 0x09:
         tail = raw[9:]
-        h = hash(tail)
-        if h in _EVENT_SEEN:
-            if _plain_tail(tail):
-                if len(_EVENT_CACHE) >= _CACHE_ENTRIES:
-                    _EVENT_CACHE.clear()
-                _EVENT_CACHE[tail] = fields
-        else:
-            if len(_EVENT_SEEN) >= _SEEN_ENTRIES:
-                _EVENT_SEEN.clear()
-            _EVENT_SEEN.add(h)
+        if hash(tail) not in _EVENT_SEEN or _plain_tail(tail):  # admitted only when its layout is plain
+            _admit(_EVENT_CACHE, _EVENT_SEEN, tail, fields)
     return (ev.time_unix_nano, *fields)
 
 
