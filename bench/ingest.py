@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 
 _VARIED_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages")
@@ -93,7 +94,7 @@ def build_requests(n_requests: int, per_request: int, seed: int, varied: bool = 
 
 
 def _client(idx: int, port: int, path: str, n_requests: int, per_request: int, conns: int,
-            ready: mp.Barrier, results: mp.Queue, varied: bool = False) -> None:
+            built: mp.Queue, go: Any, results: mp.Queue, varied: bool = False) -> None:
     bodies = build_requests(n_requests, per_request, seed=idx + 1, varied=varied)
     lock = threading.Lock()
     latencies: list[float] = []
@@ -121,7 +122,8 @@ def _client(idx: int, port: int, path: str, n_requests: int, per_request: int, c
         conn.close()
 
     threads = [threading.Thread(target=worker, args=(bodies[i::conns],)) for i in range(conns)]
-    ready.wait()
+    built.put(idx)
+    go.wait()
     cpu0 = time.process_time()
     for t in threads:
         t.start()
@@ -139,17 +141,28 @@ class Load:
         per_client = [n_requests // clients + (1 if i < n_requests % clients else 0) for i in range(clients)]
         self.requests = sum(per_client)
         self.total = self.requests * per_request
-        self._ready = mp.Barrier(clients + 1)
+        self._built: mp.Queue = mp.Queue()
+        self._go = mp.Event()
         self._results: mp.Queue = mp.Queue()
         self._procs = [mp.Process(target=_client, args=(i, port, path, per_client[i], per_request, conns,
-                                                         self._ready, self._results, varied))
+                                                         self._built, self._go, self._results, varied))
                        for i in range(clients)]
         for p in self._procs:
             p.start()
 
     def go(self) -> float:
-        """Wait until every client has built its requests, release them; the start time."""
-        self._ready.wait()
+        """Wait until every client has built its requests, release them; the start time. A client
+        that dies first (say, it cannot import the package) ends the run with its exit code."""
+        ready = 0
+        while ready < len(self._procs):
+            try:
+                self._built.get(timeout=1)
+                ready += 1
+            except queue.Empty:
+                dead = [p.exitcode for p in self._procs if not p.is_alive()]
+                if dead:
+                    raise SystemExit(f"a client process failed while building its requests (exit codes {dead})")
+        self._go.set()
         return time.time()
 
     def join(self) -> tuple[list[float], int]:
@@ -230,6 +243,11 @@ def _peak_rss_mb(pid: int) -> float:
 
 
 def run_agenttape(args: argparse.Namespace) -> tuple[float, float, float]:
+    from otel_agenttape import native
+
+    # the server inherits this environment (AGENTTAPE_NO_NATIVE included), so it runs the same path
+    state = native.status()["otel_agenttape.store._spanwalk"]
+    print(f"span conversion: {state}", file=sys.stderr)
     tmp = Path(tempfile.mkdtemp(prefix="agenttape-bench-"))
     db = tmp / "bench.duckdb"
     proc = subprocess.Popen(

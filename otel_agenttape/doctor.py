@@ -51,6 +51,18 @@ def _versions() -> Check:
     return Check("packages", not missing, detail, found)
 
 
+def _compiled() -> Check:
+    """Which compiled fast paths run: without them everything works, only slower."""
+    from otel_agenttape import native
+
+    found = native.status()
+    missing = [n for n, state in found.items() if state != "compiled"]
+    detail = "; ".join(f"{native.MODULES[n]}: {state}" for n, state in found.items())
+    if missing and not native.DISABLED:
+        detail += " (reinstall with a C compiler and the Python headers to build them)"
+    return Check("compiled paths", True, detail, found)
+
+
 def _export_settings() -> Check:
     env = {k: ("<set>" if "HEADERS" in k else v) for k, v in sorted(os.environ.items())
            if k.startswith("OTEL_EXPORTER_OTLP") or k.startswith("AGENTTAPE_")}
@@ -160,7 +172,7 @@ def diagnose(db: str) -> list[Check]:
     """Every check, in the order a person reads them."""
     from otel_agenttape.receiver.server import read_discovery
 
-    checks = [_versions(), _export_settings()]
+    checks = [_versions(), _compiled(), _export_settings()]
     key = _signing_key()
     if key is not None:
         checks.append(key)

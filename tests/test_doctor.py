@@ -72,3 +72,21 @@ def test_doctor_checks_the_signing_key(tmp_path, capsys, monkeypatch):
         assert code == 1 and not checks["signing key"]["ok"] and why in checks["signing key"]["detail"]
     monkeypatch.delenv("AGENTTAPE_SIGNING_KEY")
     assert "signing key" not in _doctor(capsys, db)[1]
+
+
+def test_doctor_says_which_compiled_paths_run(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from otel_agenttape import native
+
+    _, checks = _doctor(capsys, tmp_path / "missing.duckdb")
+    states = checks["compiled paths"]["data"]
+    assert set(states) == set(native.MODULES)
+    assert all(state == ("compiled" if native.load(n) else "not built") for n, state in states.items())
+    # turned off in another process: every module says so
+    out = subprocess.run([sys.executable, "-m", "otel_agenttape.cli", "doctor", "--db", str(tmp_path / "x.duckdb"),
+                          "--json"], capture_output=True, text=True, env={**__import__("os").environ,
+                                                                          "AGENTTAPE_NO_NATIVE": "1"})
+    off = {c["name"]: c for c in json.loads(out.stdout)}["compiled paths"]
+    assert all(s.startswith("turned off") for s in off["data"].values()) and off["ok"]

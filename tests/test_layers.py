@@ -10,7 +10,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "otel_agenttape"
 
 LAYER = {
-    "semconv": 0, "anyvalue": 0, "atomicfile": 0,
+    "semconv": 0, "anyvalue": 0, "atomicfile": 0, "native": 0,
     "integrity": 1, "resume": 1,
     "capture": 2, "store": 2,
     "receiver": 3, "tape": 3, "sessions": 3,

@@ -64,21 +64,29 @@ def prepare(kind: int, body: bytes, media: str, convert: bool = True) -> Prepare
             tables = rows.traces_to_tables([req]) if kind == KIND_TRACES else rows.logs_to_tables([req])
         except (_ProtoDecodeError, ValueError) as exc:
             raise DecodeError(f"invalid OTLP request: {exc}") from None
+        except OverflowError as exc:
+            raise DecodeError(f"invalid OTLP request: {_OUT_OF_RANGE} ({exc})") from None
     return Prepared(v.accepted, v.rejected, v.message, payload, tables, None if convert else req)
+
+
+# times are stored as BIGINT nanoseconds: a fixed64 time past 2^63 - 1 (the year 2262) has no row
+_OUT_OF_RANGE = "a time past 2^63 - 1 ns (the year 2262) cannot be stored"
 
 
 def _prepare_protobuf_traces(body: bytes) -> Prepared:
     problems: dict[str, int] = {}
     try:
-        wire = otlpwire.parse_traces(body)
-        tables = rows.traces_to_tables([wire], problems)
+        tables = rows.traces_to_tables([body], problems)
     except (_ProtoDecodeError, ValueError, RuntimeError) as exc:
         raise DecodeError(f"invalid OTLP protobuf: {exc}") from None
+    except OverflowError as exc:
+        raise DecodeError(f"invalid OTLP protobuf: {_OUT_OF_RANGE} ({exc})") from None
     rejected = sum(problems.values())
     accepted = tables.spans.num_rows + tables.in_batch_duplicates
     if not rejected:
         return Prepared(accepted, 0, "", None, tables)
     # rare: store (and log in the WAL) only the valid spans, like a client that sent just those
+    wire = otlpwire.parse_traces(body)
     for rs in wire.resource_spans:
         for ss in rs.scope_spans:
             spans = ss.spans

@@ -52,6 +52,11 @@ _MESSAGES: dict[str, list[tuple[str, int, str]]] = {
     "ScopeSpans": [("scope", 1, "Scope"), ("spans", 2, "*Span"), ("schema_url", 3, "string")],
     "ResourceSpans": [("resource", 1, "Resource"), ("scope_spans", 2, "*ScopeSpans"), ("schema_url", 3, "string")],
     "TracesRequest": [("resource_spans", 1, "*ResourceSpans")],
+    # the same request with each span left as bytes, for the compiled span walk (store/_spanwalk.pyx)
+    "RawScopeSpans": [("scope", 1, "Scope"), ("spans", 2, "*bytes"), ("schema_url", 3, "string")],
+    "RawResourceSpans": [("resource", 1, "Resource"), ("scope_spans", 2, "*RawScopeSpans"),
+                         ("schema_url", 3, "string")],
+    "RawTracesRequest": [("resource_spans", 1, "*RawResourceSpans")],
 }
 
 
@@ -78,6 +83,8 @@ _CLASSES = _build()
 TracesRequest: Any = _CLASSES["TracesRequest"]
 Event: Any = _CLASSES["Event"]
 EventTail: Any = _CLASSES["EventTail"]
+Span: Any = _CLASSES["Span"]
+RawTracesRequest: Any = _CLASSES["RawTracesRequest"]
 
 
 def parse_traces(payload: bytes) -> Any:

@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from otel_agenttape import anyvalue
+from otel_agenttape import anyvalue, native
 from otel_agenttape import semconv as sc
 from otel_agenttape.store import otlpwire, schema
 
@@ -89,7 +89,11 @@ def _text(t: dict[str, Any] | None) -> str | None:
     return orjson.dumps(t, option=_SORT).decode()
 
 
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
 def _int(t: dict[str, Any] | None) -> int | None:
+    """The value of an int column (BIGINT): None when the attribute holds no int64."""
     if not t:
         return None
     i = t.get("i")
@@ -100,14 +104,18 @@ def _int(t: dict[str, Any] | None) -> int | None:
             v = float(t["d"])
         except ValueError:
             return None
-        return int(v) if math.isfinite(v) and v == int(v) else None
-    s = t.get("s")
-    if s is not None and s.lstrip("-").isdigit():
+        if not (math.isfinite(v) and v == int(v)):
+            return None
+        n = int(v)
+    else:
+        s = t.get("s")
+        if s is None or not s.lstrip("-").isdigit():
+            return None
         try:
-            return int(s)
+            n = int(s)
         except ValueError:
             return None
-    return None
+    return n if _I64_MIN <= n <= _I64_MAX else None
 
 
 def resource_id(schema_url: str, attributes_json: str) -> str:
@@ -531,28 +539,36 @@ def _plain_tail(tail: bytes) -> bool:
     return msg.SerializeToString() == tail
 
 
-def _wire(request: Any) -> Any:
-    """An ``otlpwire.TracesRequest`` from serialized bytes, an OTLP message, or one already parsed."""
-    if isinstance(request, (bytes, bytearray, memoryview)):
-        return otlpwire.parse_traces(bytes(request))
+def _source(request: Any) -> Any:
+    """Serialized bytes, or an ``otlpwire.TracesRequest`` given as such (an OTLP message is serialized)."""
+    if isinstance(request, bytes):
+        return request
+    if isinstance(request, (bytearray, memoryview)):
+        return bytes(request)
     if isinstance(request, otlpwire.TracesRequest):
         return request
-    return otlpwire.parse_traces(request.SerializeToString())
+    return request.SerializeToString()
 
 
-def traces_to_tables(requests: Iterable[Any], problems: dict[str, int] | None = None) -> Tables:
+def traces_to_tables(requests: Iterable[Any], problems: dict[str, int] | None = None, *,
+                     compiled: bool | None = None) -> Tables:
     """Convert trace requests (serialized ``ExportTraceServiceRequest`` bytes, OTLP messages, or
     ``otlpwire`` messages) to spans/span_events/span_links/resources.
 
     With a ``problems`` dict, spans with invalid ids are left out and counted there by reason
     (``span_problem``); without one every span is converted. Raises
     ``google.protobuf.message.DecodeError`` when a request (or an attribute in it) does not decode.
+    ``compiled``: None uses the compiled span walk when it is built, False never, True requires it
+    (the rows are the same either way).
     """
+    if compiled and _spanwalk is None:
+        raise RuntimeError("the compiled span walk (otel_agenttape.store._spanwalk) is not built")
+    walk = False if compiled is False else None
     # Millions of short-lived objects would trigger the cyclic GC over and over; none form cycles.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _traces_to_tables([_wire(r) for r in requests], problems)
+        return _traces_to_tables([_source(r) for r in requests], problems, walk)
     finally:
         if was_enabled:
             gc.enable()
@@ -572,142 +588,174 @@ def _decode_only(span: Any) -> None:
         _attrs_json(ln.attributes[:])
 
 
-def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None) -> Tables:
-    span_rows: list[tuple] = []
-    event_rows: list[tuple] = []
-    link_rows: list[tuple] = []
-    add_span, add_event = span_rows.append, event_rows.append
-    res = _Resources()
-    seen: set[bytes] = set()
-    dups = 0
-    kv_cached = _kv_cached
-    kv_entry = _kv_entry
-    plans = _PLAN_CACHE.get
-    make_plan = _plan
-    set_cached = _set_cached
-    set_json = _set_json
-    event_cached = _event_cached
-    event_fields = _event_fields
-    from_le = int.from_bytes
-    no_promoted = _NO_PROMOTED
-    provider = _PROVIDER_SLOT
-    zero_trace, zero_span = _ZERO_TRACE, _ZERO_SPAN
-    last_tid_b = b""
-    tid = ""
-    for request in requests:
-        for rs in request.resource_spans:
-            rid, service = res.add_wire(rs.resource, rs.schema_url)
-            for ss in rs.scope_spans:
-                scope = ss.scope
-                scope_name = scope.name or None
-                scope_version = scope.version or None
-                if scope.attributes:
-                    _attrs_json(scope.attributes[:])  # not stored; decoded like the rest
-                for span in ss.spans:
-                    tid_b = span.trace_id
-                    sid_b = span.span_id
-                    parent = span.parent_span_id
-                    links = span.links
-                    if problems is not None and (
-                        len(tid_b) != 16 or len(sid_b) != 8 or tid_b == zero_trace or sid_b == zero_span
-                        or (parent and len(parent) != 8)
-                        or (links and any(len(ln.trace_id) != 16 or len(ln.span_id) != 8 for ln in links))
-                    ):
-                        why = span_problem(span) or "invalid ids"
-                        problems[why] = problems.get(why, 0) + 1
-                        _decode_only(span)
-                        continue
-                    key = tid_b + sid_b
-                    if key in seen:
-                        dups += 1
-                        _decode_only(span)
-                        continue
-                    seen.add(key)
-                    if tid_b != last_tid_b:
-                        last_tid_b = tid_b
-                        tid = tid_b.hex()
-                    sid = sid_b.hex()
-                    start = span.start_time_unix_nano
-                    end = span.end_time_unix_nano
-                    day = start // _NS_PER_DAY
-                    # a slice of a repeated field is a list made in C; iterating the field itself
-                    # goes item by item through the sequence protocol
-                    raws = span.attributes[:]
-                    if raws:
-                        entries = [kv_cached(r) or kv_entry(r) for r in raws]
-                        keys, pieces, values = zip(*entries)
-                        plan = plans(keys) or make_plan(keys)
-                        attributes = "{" + ",".join(plan[0](pieces)) + "}"
-                        if plan[1] is None:
-                            promoted = no_promoted
-                        else:
-                            promoted = plan[1](values + (None,))
-                            if plan[2] is not None and promoted[provider] is None:
-                                promoted = list(promoted)
-                                promoted[provider] = values[plan[2]]
-                    else:
-                        attributes = "{}"
-                        promoted = no_promoted
-                    status = span.status
-                    add_span(
-                        (
-                            tid,
-                            sid,
-                            parent.hex() if parent else None,
-                            span.trace_state or None,
-                            span.flags,
-                            span.name,
-                            span.kind,
-                            start,
-                            end,
-                            (end - start) / 1e6,
-                            status.code,
-                            status.message or None,
-                            attributes,
-                            span.dropped_attributes_count,
-                            span.dropped_events_count,
-                            span.dropped_links_count,
-                            rid,
-                            scope_name,
-                            scope_version,
-                            service,
-                            *promoted,
-                            day,
-                        )
+class _Conversion:
+    """The rows of one conversion so far, and what it has seen (for "first wins" and problems)."""
+
+    def __init__(self, problems: dict[str, int] | None) -> None:
+        self.span_rows: list[tuple] = []
+        self.event_rows: list[tuple] = []
+        self.link_rows: list[tuple] = []
+        self.res = _Resources()
+        self.seen: set[bytes] = set()
+        self.dups = 0
+        self.problems = problems
+
+    def tables(self) -> Tables:
+        return Tables(
+            spans=_table("spans", self.span_rows),
+            span_events=_table("span_events", self.event_rows),
+            span_links=_table("span_links", self.link_rows),
+            resources=self.res.table(),
+            log_records=_empty("log_records"),
+            in_batch_duplicates=self.dups,
+        )
+
+    def add_span(self, span: Any, rid: str, scope_name: str | None, scope_version: str | None,
+                 service: str | None) -> None:
+        """One ``otlpwire`` span: its row, its events' and links' rows (or a problem, or a repeat).
+        ``_spanwalk`` does the same for spans in protobuf's own layout; the tests hold them equal."""
+        tid_b = span.trace_id
+        sid_b = span.span_id
+        parent = span.parent_span_id
+        links = span.links
+        problems = self.problems
+        if problems is not None and (
+            len(tid_b) != 16 or len(sid_b) != 8 or tid_b == _ZERO_TRACE or sid_b == _ZERO_SPAN
+            or (parent and len(parent) != 8)
+            or (links and any(len(ln.trace_id) != 16 or len(ln.span_id) != 8 for ln in links))
+        ):
+            why = span_problem(span) or "invalid ids"
+            problems[why] = problems.get(why, 0) + 1
+            _decode_only(span)
+            return
+        key = tid_b + sid_b
+        if key in self.seen:
+            self.dups += 1
+            _decode_only(span)
+            return
+        self.seen.add(key)
+        tid = tid_b.hex()
+        sid = sid_b.hex()
+        start = span.start_time_unix_nano
+        end = span.end_time_unix_nano
+        day = start // _NS_PER_DAY
+        # a slice of a repeated field is a list made in C; iterating the field itself
+        # goes item by item through the sequence protocol
+        raws = span.attributes[:]
+        if raws:
+            entries = [_kv_cached(r) or _kv_entry(r) for r in raws]
+            keys, pieces, values = zip(*entries)
+            plan = _PLAN_CACHE.get(keys) or _plan(keys)
+            attributes = "{" + ",".join(plan[0](pieces)) + "}"
+            if plan[1] is None:
+                promoted = _NO_PROMOTED
+            else:
+                promoted = plan[1](values + (None,))
+                if plan[2] is not None and promoted[_PROVIDER_SLOT] is None:
+                    promoted = list(promoted)
+                    promoted[_PROVIDER_SLOT] = values[plan[2]]
+        else:
+            attributes = "{}"
+            promoted = _NO_PROMOTED
+        status = span.status
+        self.span_rows.append(
+            (
+                tid,
+                sid,
+                parent.hex() if parent else None,
+                span.trace_state or None,
+                span.flags,
+                span.name,
+                span.kind,
+                start,
+                end,
+                (end - start) / 1e6,
+                status.code,
+                status.message or None,
+                attributes,
+                span.dropped_attributes_count,
+                span.dropped_events_count,
+                span.dropped_links_count,
+                rid,
+                scope_name,
+                scope_version,
+                service,
+                *promoted,
+                day,
+            )
+        )
+        events = span.events
+        if events:
+            add_event = self.event_rows.append
+            for i, raw in enumerate(events[:]):
+                hit = _event_cached(raw[9:]) if raw and raw[0] == 0x09 else None
+                if hit is not None:
+                    add_event((tid, sid, i, int.from_bytes(raw[1:9], "little"), *hit, day))
+                else:
+                    add_event((tid, sid, i, *_event_fields(raw), day))
+        if links:
+            for i, ln in enumerate(links):
+                raws = tuple(ln.attributes[:])
+                self.link_rows.append(
+                    (
+                        tid,
+                        sid,
+                        i,
+                        ln.trace_id.hex(),
+                        ln.span_id.hex(),
+                        ln.trace_state or None,
+                        ln.flags,
+                        _set_cached(raws) or _set_json(raws),
+                        ln.dropped_attributes_count,
+                        day,
                     )
-                    events = span.events
-                    if events:
-                        for i, raw in enumerate(events[:]):
-                            hit = event_cached(raw[9:]) if raw and raw[0] == 0x09 else None
-                            if hit is not None:
-                                add_event((tid, sid, i, from_le(raw[1:9], "little"), *hit, day))
-                            else:
-                                add_event((tid, sid, i, *event_fields(raw), day))
-                    if links:
-                        for i, ln in enumerate(links):
-                            raws = tuple(ln.attributes[:])
-                            link_rows.append(
-                                (
-                                    tid,
-                                    sid,
-                                    i,
-                                    ln.trace_id.hex(),
-                                    ln.span_id.hex(),
-                                    ln.trace_state or None,
-                                    ln.flags,
-                                    set_cached(raws) or set_json(raws),
-                                    ln.dropped_attributes_count,
-                                    day,
-                                )
-                            )
-    return Tables(
-        spans=_table("spans", span_rows),
-        span_events=_table("span_events", event_rows),
-        span_links=_table("span_links", link_rows),
-        resources=res.table(),
-        log_records=_empty("log_records"),
-        in_batch_duplicates=dups,
-    )
+                )
+
+
+def _scope(conv: _Conversion, rs: Any, ss: Any) -> tuple[str, str | None, str | None, str | None]:
+    """(resource id, scope name, scope version, service name) of one ``ScopeSpans``."""
+    rid, service = conv.res.add_wire(rs.resource, rs.schema_url)
+    scope = ss.scope
+    if scope.attributes:
+        _attrs_json(scope.attributes[:])  # not stored; decoded like the rest
+    return rid, scope.name or None, scope.version or None, service
+
+
+_spanwalk = native.load("otel_agenttape.store._spanwalk")
+
+
+def _walk_caches(conv: _Conversion) -> tuple:
+    """What ``_spanwalk.walk`` looks up and falls back to: the same caches and routines as above."""
+    def fallback(raw: bytes, rid: str, scope_name: str | None, scope_version: str | None,
+                 service: str | None) -> None:
+        conv.add_span(otlpwire.Span.FromString(raw), rid, scope_name, scope_version, service)
+
+    return (_KV_CACHE, _kv_entry, _string_piece, _PLAN_CACHE, _plan, _EVENT_CACHE, _event_fields, fallback,
+            _NO_PROMOTED, _CACHED_KV_BYTES, _PROVIDER_SLOT)
+
+
+def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None,
+                      walk: Any = None) -> Tables:
+    walk = walk if walk is not None else (_spanwalk.walk if _spanwalk is not None else False)
+    conv = _Conversion(problems)
+    add_span = conv.add_span
+    caches = None
+    for request in requests:
+        if walk and isinstance(request, bytes):
+            if caches is None:
+                caches = _walk_caches(conv)
+            for rs in otlpwire.RawTracesRequest.FromString(request).resource_spans:
+                for ss in rs.scope_spans:
+                    walk(ss.spans[:], conv, _scope(conv, rs, ss), caches)
+            continue
+        if isinstance(request, bytes):
+            request = otlpwire.parse_traces(request)
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                rid, scope_name, scope_version, service = _scope(conv, rs, ss)
+                for span in ss.spans:
+                    add_span(span, rid, scope_name, scope_version, service)
+    return conv.tables()
 
 
 def log_id(resource_id_: str, scope_name: str, scope_version: str, record_bytes: bytes) -> str:

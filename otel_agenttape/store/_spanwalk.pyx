@@ -1,0 +1,416 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Compiled rows of OTLP spans: ``rows._Conversion.add_span`` for a serialized span in protobuf's own layout.
+
+Reading a parsed span from Python costs a call per field; here one pass over the span's bytes reads
+every field, and the attribute and event caches of ``rows.py`` are consulted as they are there.
+A span this walk does not take on exactly as protobuf would read it goes, as bytes, to the Python
+path (``fallback``): a repeated ``status``, a group, a known field with another wire type, a field
+that runs past the end, text that is not strict UTF-8, links, ids the receiver rejects, a span seen
+before in this conversion. The rows are the same either way; ``tests/test_spanwalk.py`` holds them
+equal, adversarial layouts included.
+"""
+
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport int32_t, uint32_t, uint64_t
+
+cdef extern from "Python.h":
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    void* PyUnicode_DATA(object o)
+
+cdef const char* _HEX = b"0123456789abcdef"
+DEF _MAX = 512  # attributes or events per span handled here (the SDK's default limit is 128)
+
+
+cdef inline void _set(tuple t, Py_ssize_t i, object value):
+    Py_INCREF(value)
+    PyTuple_SET_ITEM(t, i, value)
+cdef uint64_t _NS_PER_DAY = 86400000000000
+
+
+cdef object _hex(const unsigned char* p, Py_ssize_t n):
+    cdef object out = PyUnicode_New(2 * n, 127)
+    cdef char* d = <char*>PyUnicode_DATA(out)
+    cdef Py_ssize_t i
+    for i in range(n):
+        d[2 * i] = _HEX[p[i] >> 4]
+        d[2 * i + 1] = _HEX[p[i] & 15]
+    return out
+
+
+cdef inline Py_ssize_t _varint(const unsigned char* p, Py_ssize_t pos, Py_ssize_t end, uint64_t* out) noexcept:
+    """The position after the varint at ``pos`` (its value in ``out``), or -1: past the end, or more
+    than 10 bytes, or a 10th byte above 1 (left to protobuf)."""
+    cdef uint64_t value = 0
+    cdef int shift = 0
+    cdef unsigned char b
+    while pos < end:
+        b = p[pos]
+        pos += 1
+        if shift == 63 and b > 1:
+            return -1
+        value |= (<uint64_t>(b & 0x7F)) << shift
+        if b < 0x80:
+            out[0] = value
+            return pos
+        shift += 7
+        if shift > 63:
+            return -1
+    return -1
+
+
+cdef inline object _text(const unsigned char* p, Py_ssize_t n):
+    """Strict UTF-8 text, or None where protobuf's check decides (it raises)."""
+    try:
+        return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    except UnicodeDecodeError:
+        return None
+
+
+cdef bint _string_kv(const unsigned char* p, Py_ssize_t n, Py_ssize_t* value_at) noexcept:
+    """Whether a KeyValue is laid out as protobuf writes one with a non-empty string value
+    (``rows._string_kv``): the key at 2 (its length at 1), the value from ``value_at`` to the end."""
+    cdef Py_ssize_t pos
+    cdef uint64_t length
+    cdef int tag_i
+    cdef unsigned char tags[2]
+    if n < 7 or p[0] != 0x0A or p[1] >= 0x80:
+        return False
+    pos = 2 + p[1]
+    tags[0] = 0x12
+    tags[1] = 0x0A
+    for tag_i in range(2):
+        if pos >= n or p[pos] != tags[tag_i]:
+            return False
+        pos = _varint(p, pos + 1, n, &length)
+        if pos < 0 or length != <uint64_t>(n - pos):
+            return False
+    if pos == n:
+        return False
+    value_at[0] = pos
+    return True
+
+
+cdef object _long_entry(const unsigned char* p, Py_ssize_t n, object string_piece):
+    """``rows._kv_entry`` of a KeyValue too long to be cached, or None to leave it to ``_kv_entry``.
+    (The JSON string itself is left to orjson, whose escaping is faster than a loop over bytes.)"""
+    cdef Py_ssize_t value_at
+    if not _string_kv(p, n, &value_at):
+        return None
+    key = _text(p + 2, p[1])
+    if key is None:
+        return None
+    value = _text(p + value_at, n - value_at)
+    if value is None:
+        return None
+    return string_piece(key, value)
+
+
+def walk(list raws, object conv, tuple where, tuple caches):
+    """Rows of serialized spans (one ``ScopeSpans``' worth) into ``conv`` (a ``rows._Conversion``);
+    ``where`` is (resource id, scope name, scope version, service name), ``caches`` the lookups and
+    fallbacks of ``rows.py`` (see ``rows._walk_caches``)."""
+    cdef object kv_cache, kv_entry, string_piece, plans, make_plan, event_cache, event_fields
+    cdef object fallback, no_promoted
+    cdef Py_ssize_t cached_kv_bytes, provider
+    kv_cache, kv_entry, string_piece, plans, make_plan, event_cache, event_fields, fallback, \
+        no_promoted, cached_kv_bytes, provider = caches
+    cdef set seen = conv.seen
+    cdef list span_rows = conv.span_rows
+    cdef list event_rows = conv.event_rows
+    cdef bint check_ids = conv.problems is not None
+    cdef object rid, scope_name, scope_version, service
+    rid, scope_name, scope_version, service = where
+
+    cdef bytes raw
+    cdef const unsigned char* p
+    cdef Py_ssize_t n, pos, fend, k, m, i
+    cdef uint64_t tag, v, start, end
+    cdef uint32_t field, wire
+    cdef Py_ssize_t tid_at, tid_len, sid_at, sid_len, par_at, par_len, st_at, st_len
+    cdef object trace_state, name, status_message, start_o, end_o
+    cdef int32_t kind, code
+    cdef uint32_t flags, d_attrs, d_events, d_links
+    cdef bint ok, seen_status
+    # where each attribute and event of the span lies in its bytes (more than _MAX: the Python path)
+    cdef Py_ssize_t attr_at[_MAX]
+    cdef Py_ssize_t attr_len[_MAX]
+    cdef Py_ssize_t ev_at[_MAX]
+    cdef Py_ssize_t ev_len[_MAX]
+    cdef Py_ssize_t n_attrs, n_events
+    cdef tuple row, keys_t, pieces_t, values_t, promoted_t
+    cdef object last_tid_key = None
+    cdef object tid = None
+
+    for raw in raws:
+        p = <const unsigned char*>raw
+        n = len(raw)
+        tid_at = sid_at = par_at = 0
+        tid_len = sid_len = par_len = 0
+        trace_state = name = status_message = ""
+        kind = code = 0
+        flags = d_attrs = d_events = d_links = 0
+        start = end = 0
+        seen_status = False
+        n_attrs = n_events = 0
+        ok = True
+        pos = 0
+        while pos < n:
+            pos = _varint(p, pos, n, &tag)
+            if pos < 0 or tag > 0xFFFFFFFF:
+                ok = False
+                break
+            field = <uint32_t>(tag >> 3)
+            wire = <uint32_t>(tag & 7)
+            if field == 0:
+                ok = False
+                break
+            if wire == 2:
+                pos = _varint(p, pos, n, &v)
+                if pos < 0 or v > <uint64_t>(n - pos):
+                    ok = False
+                    break
+                k = pos
+                m = <Py_ssize_t>v
+                pos += m
+                if field == 1:
+                    tid_at, tid_len = k, m
+                elif field == 2:
+                    sid_at, sid_len = k, m
+                elif field == 3:  # text is checked at each occurrence, as protobuf checks it
+                    trace_state = _text(p + k, m) if m else ""
+                    if trace_state is None:
+                        ok = False
+                        break
+                elif field == 4:
+                    par_at, par_len = k, m
+                elif field == 5:
+                    name = _text(p + k, m) if m else ""
+                    if name is None:
+                        ok = False
+                        break
+                elif field == 9:
+                    if n_attrs == _MAX:
+                        ok = False
+                        break
+                    attr_at[n_attrs] = k
+                    attr_len[n_attrs] = m
+                    n_attrs += 1
+                elif field == 11:
+                    if n_events == _MAX:
+                        ok = False
+                        break
+                    ev_at[n_events] = k
+                    ev_len[n_events] = m
+                    n_events += 1
+                elif field == 15:
+                    if seen_status:  # a second status merges into the first: protobuf's to do
+                        ok = False
+                        break
+                    seen_status = True
+                    st_at, st_len = k, m
+                elif field == 13 or field <= 16:  # links (rare), or a known field with another wire type
+                    ok = False
+                    break
+            elif wire == 0:
+                pos = _varint(p, pos, n, &v)
+                if pos < 0:
+                    ok = False
+                    break
+                if field == 6:
+                    kind = <int32_t><uint32_t>v
+                elif field == 10:
+                    d_attrs = <uint32_t>v
+                elif field == 12:
+                    d_events = <uint32_t>v
+                elif field == 14:
+                    d_links = <uint32_t>v
+                elif field <= 16:
+                    ok = False
+                    break
+            elif wire == 1:
+                if n - pos < 8:
+                    ok = False
+                    break
+                v = _le64(p + pos)
+                pos += 8
+                if field == 7:
+                    start = v
+                elif field == 8:
+                    end = v
+                elif field <= 16:
+                    ok = False
+                    break
+            elif wire == 5:
+                if n - pos < 4:
+                    ok = False
+                    break
+                v = (<uint64_t>p[pos] | <uint64_t>p[pos + 1] << 8 | <uint64_t>p[pos + 2] << 16
+                     | <uint64_t>p[pos + 3] << 24)
+                pos += 4
+                if field == 16:
+                    flags = <uint32_t>v
+                elif field <= 16:
+                    ok = False
+                    break
+            else:  # groups and invalid wire types
+                ok = False
+                break
+        if ok and seen_status:
+            # Status: message (2, string), code (3, int32); unknown fields skipped as protobuf does
+            pos = st_at
+            fend = st_at + st_len
+            while pos < fend:
+                pos = _varint(p, pos, fend, &tag)
+                if pos < 0 or tag > 0xFFFFFFFF or (tag >> 3) == 0:
+                    ok = False
+                    break
+                field = <uint32_t>(tag >> 3)
+                wire = <uint32_t>(tag & 7)
+                if wire == 2:
+                    pos = _varint(p, pos, fend, &v)
+                    if pos < 0 or v > <uint64_t>(fend - pos):
+                        ok = False
+                        break
+                    if field == 2:
+                        status_message = _text(p + pos, <Py_ssize_t>v) if v else ""
+                        if status_message is None:
+                            ok = False
+                            break
+                    elif field == 3:
+                        ok = False
+                        break
+                    pos += <Py_ssize_t>v
+                elif wire == 0:
+                    pos = _varint(p, pos, fend, &v)
+                    if pos < 0:
+                        ok = False
+                        break
+                    if field == 3:
+                        code = <int32_t><uint32_t>v
+                    elif field == 2:
+                        ok = False
+                        break
+                elif wire == 1 and fend - pos >= 8 and field > 3:
+                    pos += 8
+                elif wire == 5 and fend - pos >= 4 and field > 3:
+                    pos += 4
+                else:
+                    ok = False
+                    break
+        if ok and check_ids and (
+            tid_len != 16 or sid_len != 8 or (par_len != 0 and par_len != 8)
+            or _zeros(p + tid_at, tid_len) or _zeros(p + sid_at, sid_len)
+        ):
+            ok = False  # the Python path counts the problem
+        if ok:
+            key = PyBytes_FromStringAndSize(<const char*>(p + tid_at), tid_len) + \
+                PyBytes_FromStringAndSize(<const char*>(p + sid_at), sid_len)
+            if key in seen:
+                ok = False  # the Python path counts the repeat
+        if not ok:
+            fallback(raw, rid, scope_name, scope_version, service)
+            continue
+        seen.add(key)
+        if tid is None or last_tid_key != key[:tid_len]:
+            last_tid_key = key[:tid_len]
+            tid = _hex(p + tid_at, tid_len)
+        sid = _hex(p + sid_at, sid_len)
+        start_o = start
+        end_o = end
+        day = start // _NS_PER_DAY
+
+        m = n_attrs
+        if m:
+            keys_t = PyTuple_New(m)
+            pieces_t = PyTuple_New(m)
+            values_t = PyTuple_New(m + 1)
+            _set(values_t, m, None)
+            for i in range(m):
+                k = attr_at[i]
+                fend = attr_len[i]
+                if fend <= cached_kv_bytes:
+                    kv = PyBytes_FromStringAndSize(<const char*>(p + k), fend)
+                    entry = kv_cache.get(kv)
+                    if entry is None:
+                        entry = kv_entry(kv)
+                else:
+                    # too long to be cached: read it here when it is a plain string
+                    entry = _long_entry(p + k, fend, string_piece)
+                    if entry is None:
+                        entry = kv_entry(PyBytes_FromStringAndSize(<const char*>(p + k), fend))
+                _set(keys_t, i, (<tuple>entry)[0])
+                _set(pieces_t, i, (<tuple>entry)[1])
+                _set(values_t, i, (<tuple>entry)[2])
+            plan = plans.get(keys_t)
+            if plan is None:
+                plan = make_plan(keys_t)
+            attributes = "{" + ",".join((<tuple>plan)[0](pieces_t)) + "}"
+            if (<tuple>plan)[1] is None:
+                promoted = no_promoted
+            else:
+                promoted = (<tuple>plan)[1](values_t)
+                if (<tuple>plan)[2] is not None and promoted[provider] is None:
+                    promoted = list(promoted)
+                    promoted[provider] = values_t[(<tuple>plan)[2]]
+        else:
+            attributes = "{}"
+            promoted = no_promoted
+        promoted_t = tuple(promoted)
+        row = PyTuple_New(21 + len(promoted_t))
+        _set(row, 0, tid)
+        _set(row, 1, sid)
+        _set(row, 2, _hex(p + par_at, par_len) if par_len else None)
+        _set(row, 3, trace_state or None)
+        _set(row, 4, flags)
+        _set(row, 5, name)
+        _set(row, 6, kind)
+        _set(row, 7, start_o)
+        _set(row, 8, end_o)
+        _set(row, 9, (end_o - start_o) / 1e6)
+        _set(row, 10, code)
+        _set(row, 11, status_message or None)
+        _set(row, 12, attributes)
+        _set(row, 13, d_attrs)
+        _set(row, 14, d_events)
+        _set(row, 15, d_links)
+        _set(row, 16, rid)
+        _set(row, 17, scope_name)
+        _set(row, 18, scope_version)
+        _set(row, 19, service)
+        for i in range(len(promoted_t)):
+            _set(row, 20 + i, promoted_t[i])
+        _set(row, 20 + len(promoted_t), day)
+        span_rows.append(row)
+        m = n_events
+        for i in range(m):
+            k = ev_at[i]
+            fend = ev_len[i]
+            hit = None
+            if fend > 9 and p[k] == 0x09:
+                hit = event_cache.get(PyBytes_FromStringAndSize(<const char*>(p + k + 9), fend - 9))
+            if hit is not None:
+                v = _le64(p + k + 1)
+                event_rows.append((tid, sid, i, v) + hit + (day,))
+            else:
+                event_rows.append((tid, sid, i)
+                                  + event_fields(PyBytes_FromStringAndSize(<const char*>(p + k), fend))
+                                  + (day,))
+
+
+cdef inline uint64_t _le64(const unsigned char* p) noexcept:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(7, -1, -1):
+        v = v << 8 | p[i]
+    return v
+
+
+cdef inline bint _zeros(const unsigned char* p, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i
+    for i in range(n):
+        if p[i]:
+            return False
+    return True
