@@ -367,3 +367,24 @@ def test_json_logs_over_http(server, client):
     row = server.query("SELECT trace_id, span_id, event_name, service_name FROM log_records").to_pylist()
     assert row == [{"trace_id": "5b8efff798038103d269b633813fc60c", "span_id": "eee19b7ec3c1b174",
                     "event_name": "gen_ai.client.inference.operation.details", "service_name": "j"}]
+
+
+@pytest.mark.parametrize("media", [PB, JS])
+def test_a_time_past_2_pow_63_is_400_with_a_reason_and_a_huge_step_is_not_promoted(server, client, media):
+    from integrity_support import otlp_json
+
+    def send(req):
+        body = req.SerializeToString() if media is PB else otlp_json(req)
+        return client.post(f"{server.url}/v1/traces", content=body, headers=media)
+
+    req = trace_request(1)
+    req.resource_spans[0].scope_spans[0].spans[0].start_time_unix_nano = 2**63 + 5
+    r = send(req)
+    assert r.status_code == 400 and "2262" in _status(r).message
+    req = trace_request(1)
+    kv = req.resource_spans[0].scope_spans[0].spans[0].attributes.add(key="agenttape.step")
+    kv.value.double_value = 1e19  # an int64 column cannot hold it: the attribute keeps it, the column stays null
+    assert send(req).status_code == 200
+    assert server.wait_idle(10)
+    step, attrs = server.query("SELECT step, attributes FROM spans").to_pylist()[0].values()
+    assert step is None and json.loads(attrs)["agenttape.step"] == {"d": "1e+19"}
