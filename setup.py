@@ -3,6 +3,9 @@
 from setuptools import Extension, setup
 
 NATIVE = {
+    "otel_agenttape.capture._sealing": "otel_agenttape/capture/_sealing.pyx",
+    "otel_agenttape.integrity._chain": "otel_agenttape/integrity/_chain.pyx",
+    "otel_agenttape.integrity._leaf": "otel_agenttape/integrity/_leaf.pyx",
     "otel_agenttape.store._spanwalk": "otel_agenttape/store/_spanwalk.pyx",
 }
 

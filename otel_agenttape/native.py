@@ -14,6 +14,9 @@ DISABLED = os.environ.get("AGENTTAPE_NO_NATIVE", "").strip() not in ("", "0")
 
 # every compiled module, and what it speeds up
 MODULES = {
+    "otel_agenttape.integrity._leaf": "canonical leaf of a span (sealing)",
+    "otel_agenttape.integrity._chain": "chain link and Merkle update (sealing)",
+    "otel_agenttape.capture._sealing": "the sealing processor's common step",
     "otel_agenttape.store._spanwalk": "OTLP span conversion in the receiver",
 }
 

@@ -9,7 +9,6 @@ long varints, text that is not UTF-8), the way another encoder or a hostile clie
 
 from __future__ import annotations
 
-import os
 import struct
 import sys
 from pathlib import Path
@@ -24,9 +23,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from otel_agenttape import semconv as sc
 from otel_agenttape.store import otlpwire, rows, samples
 
-if rows._spanwalk is None:
-    if os.environ.get("AGENTTAPE_REQUIRE_NATIVE"):
-        pytest.fail("the compiled span walk is not built (AGENTTAPE_REQUIRE_NATIVE is set)", pytrace=False)
+if rows._spanwalk is None:  # tests/test_native.py fails where it must be built (CI)
     pytest.skip("the compiled span walk is not built (pip install -e . builds it)", allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))

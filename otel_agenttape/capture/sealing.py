@@ -31,7 +31,8 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace.status import Status
 
-from otel_agenttape import semconv
+from otel_agenttape import native, semconv
+from otel_agenttape.integrity import leaf as _leaf
 from otel_agenttape.integrity.chain import Chain
 from otel_agenttape.integrity.checkpoint import Checkpoint, read_checkpoint_file
 from otel_agenttape.integrity.jcs import CanonicalError
@@ -39,7 +40,7 @@ from otel_agenttape.integrity.leaf import (
     NotOtlpSafe,
     _raw,
     clean_text,
-    leaf_from_sdk,
+    leaf_hash_from_sdk,
     otlp_safe_attributes,
 )
 from otel_agenttape.integrity.note import Signer, sign_note
@@ -196,7 +197,7 @@ class SealingSpanProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
-            sealed, due = self._seal(span)
+            sealed, due = _native_seal(self, span) if _native_seal is not None else self._seal(span)
         except Exception:
             self.errors += 1
             _log.debug("sealing failed; forwarding the span unsealed", exc_info=True)
@@ -251,17 +252,19 @@ class SealingSpanProcessor(SpanProcessor):
                 tape.root_span_id = ctx.span_id
                 tape.root_ctx = ctx
 
-    def _seal(self, span: ReadableSpan) -> tuple[ReadableSpan, tuple | None]:
+    def _seal(self, span: ReadableSpan, lh: bytes | None = None) -> tuple[ReadableSpan, tuple | None]:
+        """The sealed copy of ``span`` and the checkpoint now due (``lh``: its leaf hash, if known)."""
         if not self.seal_foreign and not _ours(span):
             return span, None
         events = None
         try:
-            leaf = leaf_from_sdk(span)
+            if lh is None:
+                lh = leaf_hash_from_sdk(span)
         except (NotOtlpSafe, CanonicalError, UnicodeEncodeError):
             span = _make_safe(span)
             events = span._events
             self.coerced += 1
-            leaf = leaf_from_sdk(span)
+            lh = leaf_hash_from_sdk(span)
         attrs = _raw(span)
         ctx = span.context
         trace_id = ctx.trace_id
@@ -276,7 +279,7 @@ class SealingSpanProcessor(SpanProcessor):
             if chain is None:
                 opening = self._open_chain(tape)
                 chain = tape.chain
-            cid, epoch, seq, prev, h = chain.append(leaf)
+            cid, epoch, seq, prev, h = chain.append_hash(lh)
             if tape.resource is None:
                 tape.resource = span.resource
             self.sealed += 1
@@ -431,6 +434,15 @@ class SealingSpanProcessor(SpanProcessor):
                     self._emit_checkpoint(*d)
             except Exception:
                 self.errors += 1
+
+
+# The compiled common case of _seal (``_sealing.pyx``): it needs the compiled leaf hash and the SDK's
+# SpanContext layout that the leaf writer checked; anything else it hands to _seal.
+_native_sealing = native.load("otel_agenttape.capture._sealing")
+_native_seal = None
+if _native_sealing is not None and _leaf._native is not None and _leaf._native.verified_span_context() is not None:
+    _native_sealing.configure(_leaf._native.leaf_hash_sdk, SealedSpan, _leaf._native.verified_span_context())
+    _native_seal = _native_sealing.seal
 
 
 def _ours(span: Any) -> bool:

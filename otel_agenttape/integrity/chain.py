@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
+from otel_agenttape import native
 from otel_agenttape.integrity.checkpoint import origin_for
 from otel_agenttape.integrity.merkle import CompactRange, leaf_hash
 
@@ -67,7 +68,13 @@ class Chain:
         self.tree = CompactRange()
 
     def append(self, leaf: bytes) -> Link:
-        lh = leaf_hash(leaf)  # the one hash over the leaf bytes
+        return self.append_hash(leaf_hash(leaf))  # the one hash over the leaf bytes
+
+    def python_append_hash(self, lh: bytes) -> Link:
+        """``append`` of the leaf whose Merkle leaf hash is ``lh`` (sealing hashes while it writes).
+
+        ``append_hash`` is this method, or its compiled twin (``_chain.pyx``) when built.
+        """
         prev = self.head
         h = _sha256((prev + "|" + lh.hex()).encode("ascii")).hexdigest()
         seq = self.size
@@ -76,5 +83,14 @@ class Chain:
         self.tree.append(lh)
         return _tuple_new(Link, (self.chain_id, self.epoch, seq, prev, h))
 
+    append_hash = python_append_hash
+
     def root(self) -> bytes:
         return self.tree.root()
+
+
+_native = native.load("otel_agenttape.integrity._chain")
+NATIVE = _native is not None
+if _native is not None:
+    _native.set_link_type(Link)
+    Chain.append_hash = _native.append_hash  # type: ignore[method-assign]

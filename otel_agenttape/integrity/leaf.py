@@ -18,9 +18,10 @@ from typing import Any
 
 import orjson
 
-from otel_agenttape import semconv
+from otel_agenttape import native, semconv
 from otel_agenttape.anyvalue import from_proto
 from otel_agenttape.integrity.jcs import CanonicalError, dumps_ordered, sorted_keys
+from otel_agenttape.integrity.merkle import leaf_hash
 
 LEAF_VERSION = 1
 INT64_MIN = -(2**63)
@@ -263,12 +264,30 @@ def leaf_bytes(projection: Mapping[str, Any]) -> bytes:
 
 
 def leaf_from_sdk(span: Any) -> bytes:
-    """Leaf of a live SDK span: the fast path below, else ``leaf_bytes(project_sdk(span))``."""
+    """Leaf of a live SDK span: the compiled writer when built, else ``python_leaf_from_sdk``."""
+    if _native_leaf_sdk is not None:
+        leaf = _native_leaf_sdk(span)
+        if leaf is not None:
+            return leaf
+    return python_leaf_from_sdk(span)
+
+
+def python_leaf_from_sdk(span: Any) -> bytes:
+    """The reference for ``leaf_from_sdk``: the fast path below, else ``leaf_bytes(project_sdk(span))``."""
     try:
         leaf = _fast_leaf_sdk(span)
     except (_General, AttributeError, OverflowError):  # AttributeError: not the SDK's ReadableSpan layout
         leaf = None
     return leaf if leaf is not None else leaf_bytes(project_sdk(span))
+
+
+def leaf_hash_from_sdk(span: Any) -> bytes:
+    """``merkle.leaf_hash(leaf_from_sdk(span))``: what sealing needs (compiled: one pass, no bytes object)."""
+    if _native_leaf_hash_sdk is not None:
+        lh = _native_leaf_hash_sdk(span)
+        if lh is not None:
+            return lh
+    return leaf_hash(python_leaf_from_sdk(span))
 
 
 # --- the sealing hot path -------------------------------------------------------------------------
@@ -409,6 +428,14 @@ def _fast_leaf_sdk(span: Any) -> bytes | None:
         return None  # e.g. an unpaired surrogate: the general path raises CanonicalError
 
 
+# The compiled writer (``_leaf.pyx``) gives the bytes of ``python_leaf_from_sdk`` or steps aside with
+# ``None``; ``tests/test_leaf_native.py`` compares the two.
+_native = native.load("otel_agenttape.integrity._leaf")
+_native_leaf_sdk = _native.leaf_sdk if _native is not None else None
+_native_leaf_hash_sdk = _native.leaf_hash_sdk if _native is not None else None
+NATIVE = _native is not None
+
+
 def leaf_from_proto(span: Any) -> bytes:
     return leaf_bytes(project_proto(span))
 
@@ -488,11 +515,13 @@ __all__ = [
     "leaf_from_proto",
     "leaf_from_row",
     "leaf_from_sdk",
+    "leaf_hash_from_sdk",
     "otlp_safe",
     "otlp_safe_attributes",
     "project_proto",
     "project_row",
     "project_sdk",
+    "python_leaf_from_sdk",
     "typed_from_proto",
     "typed_from_python",
 ]

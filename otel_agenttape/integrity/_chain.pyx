@@ -1,0 +1,136 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled ``Chain.append_hash``: the chain link and the Merkle tree update of one sealed span.
+
+The same rule as ``chain.Chain.append_hash`` (``sha256(prev || "|" || hex(leaf_hash))`` in lowercase
+hex, then an RFC 9162 compact-range append with ``SHA-256(0x01 || left || right)`` nodes), with the
+hashes' inputs put together in a C buffer instead of Python strings and bytes. SHA-256 is
+OpenSSL's, called directly (``_sha256.h``) where hashlib's libcrypto exports it, else through hashlib. ``tests/test_chain_native.py``
+compares both on the same leaf hashes.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.string cimport memcpy
+
+import hashlib
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object)
+    Py_ssize_t PyUnicode_GET_LENGTH(object)
+    void* PyUnicode_DATA(object)
+    object PyMemoryView_FromMemory(char*, Py_ssize_t, int)
+    str PyUnicode_DecodeLatin1(const char*, Py_ssize_t, const char*)
+    int PyBUF_READ
+
+cdef extern from *:
+    """
+    #if PY_VERSION_HEX < 0x030C0000
+    #define AT_UNICODE_READY(o) PyUnicode_READY(o)
+    #else
+    #define AT_UNICODE_READY(o) 0
+    #endif
+    """
+    int AT_UNICODE_READY(object) except -1
+
+cdef extern from "_sha256.h":
+    int at_sha256_available()
+    void at_sha256(const unsigned char*, size_t, unsigned char*) nogil
+
+cdef object _sha256 = hashlib.sha256
+cdef bint _DIRECT = at_sha256_available()
+cdef const char* _HEX = "0123456789abcdef"
+cdef object _tuple_new = tuple.__new__
+cdef object _Link = tuple
+
+
+def sha256(data: bytes) -> bytes | None:
+    """SHA-256 of ``data`` by libcrypto called directly (``_sha256.h``), or ``None`` where it cannot be."""
+    cdef unsigned char dig[32]
+    if not _DIRECT:
+        return None
+    at_sha256(<const unsigned char*>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), dig)
+    return PyBytes_FromStringAndSize(<char*>dig, 32)
+
+
+def use_direct_sha256(on: bool) -> bool:
+    """Hash with libcrypto called directly (when found) or through hashlib; returns whether it now does directly.
+    Both give the same bytes: tests run both."""
+    global _DIRECT
+    _DIRECT = bool(on) and at_sha256_available()
+    return _DIRECT
+
+
+def set_link_type(link_type: type) -> None:
+    """The named tuple ``append_hash`` returns (``chain.Link``; chain.py sets it at import)."""
+    global _Link
+    _Link = link_type
+
+
+cdef str _link(str prev, bytes lh):
+    """``sha256(prev || "|" || hex(lh)).hexdigest()`` for a 64-character ASCII ``prev`` and 32-byte ``lh``."""
+    cdef char buf[129]
+    cdef const unsigned char* h
+    cdef int i
+    AT_UNICODE_READY(prev)
+    if PyUnicode_GET_LENGTH(prev) != 64 or not PyUnicode_IS_ASCII(prev) or PyBytes_GET_SIZE(lh) != 32:
+        return None
+    memcpy(buf, PyUnicode_DATA(prev), 64)
+    buf[64] = 124  # |
+    h = <const unsigned char*>PyBytes_AS_STRING(lh)
+    for i in range(32):
+        buf[65 + 2 * i] = _HEX[h[i] >> 4]
+        buf[66 + 2 * i] = _HEX[h[i] & 15]
+    if not _DIRECT:
+        return _sha256(PyMemoryView_FromMemory(buf, 129, PyBUF_READ)).hexdigest()
+    cdef unsigned char dig[32]
+    cdef char out[64]
+    at_sha256(<const unsigned char*>buf, 129, dig)
+    for i in range(32):
+        out[2 * i] = _HEX[dig[i] >> 4]
+        out[2 * i + 1] = _HEX[dig[i] & 15]
+    return PyUnicode_DecodeLatin1(out, 64, NULL)
+
+
+cdef bytes _node(object left, object right):
+    cdef char buf[65]
+    if type(left) is not bytes or PyBytes_GET_SIZE(left) != 32 or type(right) is not bytes or PyBytes_GET_SIZE(right) != 32:
+        return _sha256(b"\x01" + left + right).digest()  # not two hashes: as merkle.py does it
+    buf[0] = 1
+    memcpy(buf + 1, PyBytes_AS_STRING(left), 32)
+    memcpy(buf + 33, PyBytes_AS_STRING(right), 32)
+    if not _DIRECT:
+        return _sha256(PyMemoryView_FromMemory(buf, 65, PyBUF_READ)).digest()
+    cdef unsigned char dig[32]
+    at_sha256(<const unsigned char*>buf, 65, dig)
+    return PyBytes_FromStringAndSize(<char*>dig, 32)
+
+
+def tree_append(tree: object, lh: bytes) -> None:
+    """``merkle.CompactRange.append``."""
+    cdef Py_ssize_t n = tree.size
+    cdef list stack = tree._stack
+    cdef bytes h
+    tree.size = n + 1
+    if not n & 1:
+        stack.append(lh)
+        return
+    h = _node(stack.pop(), lh)
+    n >>= 1
+    while n & 1:
+        h = _node(stack.pop(), h)
+        n >>= 1
+    stack.append(h)
+
+
+def append_hash(chain: object, lh: bytes):
+    """``Chain.append_hash``: the ``chain.Link`` of the new entry."""
+    prev = chain.head
+    h = None
+    if type(prev) is str and type(lh) is bytes:
+        h = _link(<str>prev, <bytes>lh)
+    if h is None:  # not a 64-character head and a 32-byte hash: the Python method
+        return chain.python_append_hash(lh)
+    seq = chain.size
+    tree_append(chain.tree, lh)
+    chain.head = h
+    chain.size = seq + 1
+    return _tuple_new(_Link, (chain.chain_id, chain.epoch, seq, prev, h))
