@@ -336,7 +336,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parquet-dir", default=_env("PARQUET_DIR"), help="also write a Parquet lake here")
     p.add_argument("--token", default=_env("TOKEN"), help="require Authorization: Bearer TOKEN (env AGENTTAPE_TOKEN)")
     p.add_argument("--ingest-workers", type=int, default=None, metavar="N",
-                   help="processes decoding and converting requests to rows (default: one per core but one, max 4; 0: none)")
+                   help="processes decoding and converting requests to rows (default: one per core, max 4; 0: none)")
     p.add_argument("--json", action="store_true", help="print the startup line as JSON")
     p.set_defaults(func=cmd_serve)
 

@@ -229,3 +229,18 @@ def test_an_idle_writer_gives_queries_their_threads_back(tmp_path):
     p.close()
     wal.close(applied_all=True)
     store.close()
+
+
+def test_converter_processes_yield_the_cpu_to_the_receiver():
+    """Converters run at a lower priority (nice +5 unless already near the floor) than the receiver."""
+    import os
+
+    pool = ConvertPool(1)
+    pool.start()
+    try:
+        assert pool._pool is not None
+        worker = pool._pool.submit(os.getpriority, os.PRIO_PROCESS, 0).result(timeout=60)
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert worker == min(19, mine + 5)
+    finally:
+        pool.close()

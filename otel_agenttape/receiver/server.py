@@ -90,7 +90,7 @@ class TapeServer:
         self.max_body = max_body
         self.max_queue_bytes = max_queue_bytes
         self.grpc_enabled = grpc_enabled
-        # processes decoding and converting requests to rows (None: one per core but one, up to 4; 0: in-process)
+        # processes decoding and converting requests to rows (None: one per core, up to 4; 0: in-process)
         self.ingest_workers = default_workers() if ingest_workers is None else ingest_workers
         self.warm_workers = warm_workers  # start the converter processes right away (long-running servers)
         self._own_wal_tmp = False

@@ -108,15 +108,114 @@ cdef object _long_entry(const unsigned char* p, Py_ssize_t n, object string_piec
     return string_piece(key, value)
 
 
+cdef class _Caches:
+    """The lookups and fallbacks of ``rows.py`` that a walk uses (see ``rows._walk_caches``)."""
+    cdef dict kv_cache, plans, event_cache
+    cdef object kv_entry, string_piece, make_plan, event_fields, admit_tail, fallback, no_promoted
+    cdef Py_ssize_t cached_kv_bytes, cached_event_bytes, provider
+
+    def __init__(self, tuple caches):
+        (self.kv_cache, self.kv_entry, self.string_piece, self.plans, self.make_plan, self.event_cache,
+         self.event_fields, self.admit_tail, self.fallback, self.no_promoted, self.cached_kv_bytes,
+         self.cached_event_bytes, self.provider) = caches
+
+
+cdef tuple _attributes(const unsigned char* p, Py_ssize_t* at, Py_ssize_t* lens, Py_ssize_t m, _Caches c):
+    """(attributes JSON, the promoted values plus a None, the plan) of the KeyValues at ``at``/``lens``,
+    as ``rows._attrs_json`` and ``rows._Conversion.add_span`` make them."""
+    cdef Py_ssize_t i, k, n
+    cdef tuple keys_t = PyTuple_New(m)
+    cdef tuple pieces_t = PyTuple_New(m)
+    cdef tuple values_t = PyTuple_New(m + 1)
+    _set(values_t, m, None)
+    for i in range(m):
+        k = at[i]
+        n = lens[i]
+        if n <= c.cached_kv_bytes:
+            kv = PyBytes_FromStringAndSize(<const char*>(p + k), n)
+            entry = c.kv_cache.get(kv)
+            if entry is None:
+                entry = c.kv_entry(kv)
+        else:
+            # too long to be cached: read it here when it is a plain string
+            entry = _long_entry(p + k, n, c.string_piece)
+            if entry is None:
+                entry = c.kv_entry(PyBytes_FromStringAndSize(<const char*>(p + k), n))
+        _set(keys_t, i, (<tuple>entry)[0])
+        _set(pieces_t, i, (<tuple>entry)[1])
+        _set(values_t, i, (<tuple>entry)[2])
+    plan = c.plans.get(keys_t)
+    if plan is None:
+        plan = c.make_plan(keys_t)
+    return "{" + ",".join((<tuple>plan)[0](pieces_t)) + "}", values_t, plan
+
+
+cdef tuple _event(const unsigned char* p, Py_ssize_t n, _Caches c):
+    """(time, name, attributes JSON, dropped count) of a serialized event, as ``rows._event_fields``
+    reads it; None for anything protobuf would read differently (those go to ``_event_fields``)."""
+    cdef Py_ssize_t pos = 0, k, m = 0
+    cdef uint64_t tag, v, time = 0
+    cdef uint32_t field, wire, dropped = 0
+    cdef Py_ssize_t at[_MAX]
+    cdef Py_ssize_t lens[_MAX]
+    cdef object name = ""
+    while pos < n:
+        pos = _varint(p, pos, n, &tag)
+        if pos < 0 or tag > 0xFFFFFFFF or (tag >> 3) == 0:
+            return None
+        field = <uint32_t>(tag >> 3)
+        wire = <uint32_t>(tag & 7)
+        if wire == 2:
+            pos = _varint(p, pos, n, &v)
+            if pos < 0 or v > <uint64_t>(n - pos):
+                return None
+            k = pos
+            pos += <Py_ssize_t>v
+            if field == 2:
+                name = _text(p + k, <Py_ssize_t>v) if v else ""
+                if name is None:
+                    return None
+            elif field == 3:
+                if m == _MAX:
+                    return None
+                at[m] = k
+                lens[m] = <Py_ssize_t>v
+                m += 1
+            elif field <= 4:
+                return None
+        elif wire == 0:
+            pos = _varint(p, pos, n, &v)
+            if pos < 0:
+                return None
+            if field == 4:
+                dropped = <uint32_t>v
+            elif field <= 4:
+                return None
+        elif wire == 1:
+            if n - pos < 8:
+                return None
+            if field == 1:
+                time = _le64(p + pos)
+            elif field <= 4:
+                return None
+            pos += 8
+        elif wire == 5:
+            if n - pos < 4 or field <= 4:
+                return None
+            pos += 4
+        else:
+            return None
+    attributes = _attributes(p, at, lens, m, c)[0] if m else "{}"
+    return time, name, attributes, dropped
+
+
 def walk(list raws, object conv, tuple where, tuple caches):
     """Rows of serialized spans (one ``ScopeSpans``' worth) into ``conv`` (a ``rows._Conversion``);
     ``where`` is (resource id, scope name, scope version, service name), ``caches`` the lookups and
     fallbacks of ``rows.py`` (see ``rows._walk_caches``)."""
-    cdef object kv_cache, kv_entry, string_piece, plans, make_plan, event_cache, event_fields
-    cdef object fallback, no_promoted
-    cdef Py_ssize_t cached_kv_bytes, provider
-    kv_cache, kv_entry, string_piece, plans, make_plan, event_cache, event_fields, fallback, \
-        no_promoted, cached_kv_bytes, provider = caches
+    cdef _Caches c = _Caches(caches)
+    cdef object fallback = c.fallback
+    cdef dict event_cache = c.event_cache
     cdef set seen = conv.seen
     cdef list span_rows = conv.span_rows
     cdef list event_rows = conv.event_rows
@@ -140,7 +239,7 @@ def walk(list raws, object conv, tuple where, tuple caches):
     cdef Py_ssize_t ev_at[_MAX]
     cdef Py_ssize_t ev_len[_MAX]
     cdef Py_ssize_t n_attrs, n_events
-    cdef tuple row, keys_t, pieces_t, values_t, promoted_t
+    cdef tuple row, values_t, promoted_t
     cdef object last_tid_key = None
     cdef object tid = None
 
@@ -322,42 +421,18 @@ def walk(list raws, object conv, tuple where, tuple caches):
         end_o = end
         day = start // _NS_PER_DAY
 
-        m = n_attrs
-        if m:
-            keys_t = PyTuple_New(m)
-            pieces_t = PyTuple_New(m)
-            values_t = PyTuple_New(m + 1)
-            _set(values_t, m, None)
-            for i in range(m):
-                k = attr_at[i]
-                fend = attr_len[i]
-                if fend <= cached_kv_bytes:
-                    kv = PyBytes_FromStringAndSize(<const char*>(p + k), fend)
-                    entry = kv_cache.get(kv)
-                    if entry is None:
-                        entry = kv_entry(kv)
-                else:
-                    # too long to be cached: read it here when it is a plain string
-                    entry = _long_entry(p + k, fend, string_piece)
-                    if entry is None:
-                        entry = kv_entry(PyBytes_FromStringAndSize(<const char*>(p + k), fend))
-                _set(keys_t, i, (<tuple>entry)[0])
-                _set(pieces_t, i, (<tuple>entry)[1])
-                _set(values_t, i, (<tuple>entry)[2])
-            plan = plans.get(keys_t)
-            if plan is None:
-                plan = make_plan(keys_t)
-            attributes = "{" + ",".join((<tuple>plan)[0](pieces_t)) + "}"
+        if n_attrs:
+            attributes, values_t, plan = _attributes(p, attr_at, attr_len, n_attrs, c)
             if (<tuple>plan)[1] is None:
-                promoted = no_promoted
+                promoted = c.no_promoted
             else:
                 promoted = (<tuple>plan)[1](values_t)
-                if (<tuple>plan)[2] is not None and promoted[provider] is None:
+                if (<tuple>plan)[2] is not None and promoted[c.provider] is None:
                     promoted = list(promoted)
-                    promoted[provider] = values_t[(<tuple>plan)[2]]
+                    promoted[c.provider] = values_t[(<tuple>plan)[2]]
         else:
             attributes = "{}"
-            promoted = no_promoted
+            promoted = c.no_promoted
         promoted_t = tuple(promoted)
         row = PyTuple_New(21 + len(promoted_t))
         _set(row, 0, tid)
@@ -388,16 +463,20 @@ def walk(list raws, object conv, tuple where, tuple caches):
         for i in range(m):
             k = ev_at[i]
             fend = ev_len[i]
-            hit = None
+            hit = tail = None
             if fend > 9 and p[k] == 0x09:
-                hit = event_cache.get(PyBytes_FromStringAndSize(<const char*>(p + k + 9), fend - 9))
+                tail = PyBytes_FromStringAndSize(<const char*>(p + k + 9), fend - 9)
+                hit = event_cache.get(tail)
             if hit is not None:
                 v = _le64(p + k + 1)
                 event_rows.append((tid, sid, i, v) + hit + (day,))
-            else:
-                event_rows.append((tid, sid, i)
-                                  + event_fields(PyBytes_FromStringAndSize(<const char*>(p + k), fend))
-                                  + (day,))
+                continue
+            fields = _event(p + k, fend, c)
+            if fields is None:
+                fields = c.event_fields(PyBytes_FromStringAndSize(<const char*>(p + k), fend))
+            elif tail is not None and fend <= c.cached_event_bytes:
+                c.admit_tail(tail, fields[1:])
+            event_rows.append((tid, sid, i) + fields + (day,))
 
 
 cdef inline uint64_t _le64(const unsigned char* p) noexcept:

@@ -522,10 +522,14 @@ def _event_fields(raw: bytes) -> tuple[int, str, str, int]:
     # not through _SET_CACHE: a set that repeats comes with a tail that repeats, cached above
     fields = (ev.name, _attrs_json(ev.attributes[:]), ev.dropped_attributes_count)
     if 9 < len(raw) <= _CACHED_EVENT_BYTES and raw[0] == 0x09:
-        tail = raw[9:]
-        if hash(tail) not in _EVENT_SEEN or _plain_tail(tail):  # admitted only when its layout is plain
-            _admit(_EVENT_CACHE, _EVENT_SEEN, tail, fields)
+        _admit_tail(raw[9:], fields)
     return (ev.time_unix_nano, *fields)
+
+
+def _admit_tail(tail: bytes, fields: tuple[str, str, int]) -> None:
+    """Note (or, seen before, cache) the fields of an event's tail: admitted only when its layout is plain."""
+    if hash(tail) not in _EVENT_SEEN or _plain_tail(tail):
+        _admit(_EVENT_CACHE, _EVENT_SEEN, tail, fields)
 
 
 def _plain_tail(tail: bytes) -> bool:
@@ -730,8 +734,8 @@ def _walk_caches(conv: _Conversion) -> tuple:
                  service: str | None) -> None:
         conv.add_span(otlpwire.Span.FromString(raw), rid, scope_name, scope_version, service)
 
-    return (_KV_CACHE, _kv_entry, _string_piece, _PLAN_CACHE, _plan, _EVENT_CACHE, _event_fields, fallback,
-            _NO_PROMOTED, _CACHED_KV_BYTES, _PROVIDER_SLOT)
+    return (_KV_CACHE, _kv_entry, _string_piece, _PLAN_CACHE, _plan, _EVENT_CACHE, _event_fields, _admit_tail,
+            fallback, _NO_PROMOTED, _CACHED_KV_BYTES, _CACHED_EVENT_BYTES, _PROVIDER_SLOT)
 
 
 def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None,
