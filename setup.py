@@ -1,6 +1,7 @@
 """Compiled fast paths (Cython). Each is optional: where it cannot be built, its pure-Python twin runs."""
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 NATIVE = {
     "otel_agenttape.capture._sealing": "otel_agenttape/capture/_sealing.pyx",
@@ -9,15 +10,26 @@ NATIVE = {
     "otel_agenttape.store._spanwalk": "otel_agenttape/store/_spanwalk.pyx",
 }
 
+
+class OptionalBuildExt(build_ext):
+    """Build each compiled module if the machine can; otherwise say so and go on without it."""
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # no compiler, no Python headers, a failing compiler...
+            print(f"warning: {ext.name} not compiled ({exc}); its pure-Python twin will run")
+
+
 try:
     from Cython.Build import cythonize
 except ImportError:  # no Cython: the pure-Python paths are used
     ext_modules = []
 else:
     ext_modules = cythonize(
-        [Extension(name, [src], optional=True) for name, src in NATIVE.items()],
+        [Extension(name, [src]) for name, src in NATIVE.items()],
         language_level=3,
         quiet=True,
     )
 
-setup(ext_modules=ext_modules)
+setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})
