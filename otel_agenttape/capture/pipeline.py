@@ -565,6 +565,9 @@ def build_processor_chain(
             _check_seal_options(sealing_cls, seal_options or {})  # a typo is the caller's bug: raise now
     queue = QueueingSpanProcessor(exporter, stats=stats, **dict(queue_options or {}))
     stats.add_source(queue.stats_source)
+    partial = getattr(exporter, "partial_success", None)
+    if partial is not None and callable(getattr(partial, "counts", None)):
+        stats.add_source(partial.counts)
     head: SpanProcessor = queue
     stats.set("sealing_active", 0)
     if seal:

@@ -24,6 +24,7 @@ COUNTERS = (
     "spans_dropped_queue_full", "spans_dropped_shutdown",
     "queue_length", "enqueue_blocked",  # producer waited for room (blocking instead of dropping)
     "export_batches", "export_failures", "exporter_exceptions",
+    "spans_rejected",            # exported, but the receiver answered that it rejected them (partial success)
     "processor_errors",          # an exception anywhere in the processor chain
     # sealing
     "sealing_active", "sealing_unavailable", "sealing_errors", "spans_sealed", "checkpoints",
