@@ -93,8 +93,8 @@ cdef bint _string_kv(const unsigned char* p, Py_ssize_t n, Py_ssize_t* value_at)
     return True
 
 
-cdef object _long_entry(const unsigned char* p, Py_ssize_t n, object string_piece):
-    """``rows._kv_entry`` of a KeyValue too long to be cached, or None to leave it to ``_kv_entry``.
+cdef object _long_entry(const unsigned char* p, Py_ssize_t n, _Caches c):
+    """``rows._kv_entry`` of a plain string KeyValue (without the caching), or None to leave it to ``_kv_entry``.
     (The JSON string itself is left to orjson, whose escaping is faster than a loop over bytes.)"""
     cdef Py_ssize_t value_at
     if not _string_kv(p, n, &value_at):
@@ -105,19 +105,45 @@ cdef object _long_entry(const unsigned char* p, Py_ssize_t n, object string_piec
     value = _text(p + value_at, n - value_at)
     if value is None:
         return None
-    return string_piece(key, value)
+    return _piece(key, value, c)
 
 
 cdef class _Caches:
     """The lookups and fallbacks of ``rows.py`` that a walk uses (see ``rows._walk_caches``)."""
-    cdef dict kv_cache, plans, event_cache
+    cdef dict kv_cache, plans, event_cache, prefixes, slots
+    cdef set kv_seen, event_seen
     cdef object kv_entry, string_piece, make_plan, event_fields, admit_tail, fallback, no_promoted
-    cdef Py_ssize_t cached_kv_bytes, cached_event_bytes, provider
+    cdef object dumps, system
+    cdef Py_ssize_t cached_kv_bytes, cached_event_bytes, provider, cache_entries, seen_entries
 
     def __init__(self, tuple caches):
-        (self.kv_cache, self.kv_entry, self.string_piece, self.plans, self.make_plan, self.event_cache,
-         self.event_fields, self.admit_tail, self.fallback, self.no_promoted, self.cached_kv_bytes,
-         self.cached_event_bytes, self.provider) = caches
+        (self.kv_cache, self.kv_seen, self.kv_entry, self.string_piece, self.plans, self.make_plan,
+         self.event_cache, self.event_seen, self.event_fields, self.admit_tail, self.fallback,
+         self.no_promoted, self.cached_kv_bytes, self.cached_event_bytes, self.provider, self.cache_entries,
+         self.seen_entries, self.prefixes, self.slots, self.system, self.dumps) = caches
+
+
+cdef tuple _piece(object key, object value, _Caches c):
+    """``rows._string_piece``: (key, '"key":{"s":"value"}', promoted value); keys with a promoted
+    column, or whose JSON prefix is not cached yet, go to it."""
+    prefix = c.prefixes.get(key)
+    if prefix is None or key in c.slots:
+        return c.string_piece(key, value)
+    piece = "".join((prefix, (<bytes>c.dumps(value)).decode(), "}"))
+    return key, piece, (value if key == c.system else None)
+
+
+cdef inline void _admit(_Caches c, object key, object value) except *:
+    """``rows._admit`` for the KeyValue cache: cache on the second miss, note the hash on the first."""
+    h = hash(key)
+    if h in c.kv_seen:
+        if len(c.kv_cache) >= c.cache_entries:
+            c.kv_cache.clear()
+        c.kv_cache[key] = value
+    else:
+        if len(c.kv_seen) >= c.seen_entries:
+            c.kv_seen.clear()
+        c.kv_seen.add(h)
 
 
 cdef tuple _attributes(const unsigned char* p, Py_ssize_t* at, Py_ssize_t* lens, Py_ssize_t m, _Caches c):
@@ -135,10 +161,14 @@ cdef tuple _attributes(const unsigned char* p, Py_ssize_t* at, Py_ssize_t* lens,
             kv = PyBytes_FromStringAndSize(<const char*>(p + k), n)
             entry = c.kv_cache.get(kv)
             if entry is None:
-                entry = c.kv_entry(kv)
+                entry = _long_entry(p + k, n, c)
+                if entry is None:
+                    entry = c.kv_entry(kv)  # (which notes or caches it itself)
+                else:
+                    _admit(c, kv, entry)
         else:
             # too long to be cached: read it here when it is a plain string
-            entry = _long_entry(p + k, n, c.string_piece)
+            entry = _long_entry(p + k, n, c)
             if entry is None:
                 entry = c.kv_entry(PyBytes_FromStringAndSize(<const char*>(p + k), n))
         _set(keys_t, i, (<tuple>entry)[0])
@@ -475,7 +505,14 @@ def walk(list raws, object conv, tuple where, tuple caches):
             if fields is None:
                 fields = c.event_fields(PyBytes_FromStringAndSize(<const char*>(p + k), fend))
             elif tail is not None and fend <= c.cached_event_bytes:
-                c.admit_tail(tail, fields[1:])
+                # ``rows._admit_tail``: a first miss only notes the tail's hash
+                h = hash(tail)
+                if h in c.event_seen:
+                    c.admit_tail(tail, fields[1:])
+                else:
+                    if len(c.event_seen) >= c.seen_entries:
+                        c.event_seen.clear()
+                    c.event_seen.add(h)
             event_rows.append((tid, sid, i) + fields + (day,))
 
 

@@ -734,8 +734,9 @@ def _walk_caches(conv: _Conversion) -> tuple:
                  service: str | None) -> None:
         conv.add_span(otlpwire.Span.FromString(raw), rid, scope_name, scope_version, service)
 
-    return (_KV_CACHE, _kv_entry, _string_piece, _PLAN_CACHE, _plan, _EVENT_CACHE, _event_fields, _admit_tail,
-            fallback, _NO_PROMOTED, _CACHED_KV_BYTES, _CACHED_EVENT_BYTES, _PROVIDER_SLOT)
+    return (_KV_CACHE, _KV_SEEN, _kv_entry, _string_piece, _PLAN_CACHE, _plan, _EVENT_CACHE, _EVENT_SEEN,
+            _event_fields, _admit_tail, fallback, _NO_PROMOTED, _CACHED_KV_BYTES, _CACHED_EVENT_BYTES,
+            _PROVIDER_SLOT, _CACHE_ENTRIES, _SEEN_ENTRIES, _KEY_PREFIX, _SLOT, sc.GEN_AI_SYSTEM, orjson.dumps)
 
 
 def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None,
