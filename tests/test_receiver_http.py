@@ -388,3 +388,27 @@ def test_a_time_past_2_pow_63_is_400_with_a_reason_and_a_huge_step_is_not_promot
     assert server.wait_idle(10)
     step, attrs = server.query("SELECT step, attributes FROM spans").to_pylist()[0].values()
     assert step is None and json.loads(attrs)["agenttape.step"] == {"d": "1e+19"}
+
+
+@pytest.mark.parametrize("media", [PB, JS])
+def test_a_kind_the_store_cannot_hold_rejects_that_span_only(server, client, media):
+    from integrity_support import otlp_json
+
+    req = trace_request(3)
+    spans = req.resource_spans[0].scope_spans[0].spans
+    spans[1].kind = 1000  # an int32 on the wire; kinds OTLP may add later (6, 7...) are stored as they are
+    spans[2].kind = 9
+    body = req.SerializeToString() if media is PB else otlp_json(req)
+    r = client.post(f"{server.url}/v1/traces", content=body, headers=media)
+    assert r.status_code == 200
+    if media is PB:
+        partial = ExportTraceServiceResponse.FromString(r.content).partial_success
+        rejected, message = partial.rejected_spans, partial.error_message
+    else:
+        partial = r.json()["partialSuccess"]
+        rejected, message = int(partial["rejectedSpans"]), partial["errorMessage"]
+    assert rejected == 1 and "kind must be between -128 and 127" in message and "1000" in message
+    assert server.wait_idle(10)
+    kinds = sorted(row["kind"] for row in server.query("SELECT kind FROM spans").to_pylist())
+    assert kinds == sorted([spans[0].kind, 9])
+    assert 'agenttape_spans_rejected_total{reason="invalid_kind"} 1' in client.get(f"{server.url}/metrics").text

@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from otel_agenttape.store.otlpwire import span_problem
+from otel_agenttape.store.otlpwire import KIND_MAX, KIND_MIN, span_problem
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -235,6 +235,7 @@ class Validated:
     rejected: int
     message: str
     changed: bool
+    problems: dict[str, int] | None = None  # the rejected items by reason
 
 
 def _all_spans_valid(spans: Any) -> bool:
@@ -245,6 +246,8 @@ def _all_spans_valid(spans: Any) -> bool:
             return False
         p = sp.parent_span_id
         if p and len(p) != 8:
+            return False
+        if not KIND_MIN <= sp.kind <= KIND_MAX:
             return False
         if sp.links:
             for link in sp.links:
@@ -286,11 +289,11 @@ def _drop_invalid(req: Any, groups: Any, problem: Any, noun: str, all_valid: Any
     if not rejected:
         return Validated(req, accepted, 0, "", False)
     if not bad_groups:  # only items left out while decoding
-        return Validated(req, accepted, rejected, summary(problems, noun), True)
+        return Validated(req, accepted, rejected, summary(problems, noun), True, problems)
     for items, bad in bad_groups:
         for i in reversed(bad):
             del items[i]
-    return Validated(req, accepted, rejected, summary(problems, noun), True)
+    return Validated(req, accepted, rejected, summary(problems, noun), True, problems)
 
 
 def validate_traces(req: ExportTraceServiceRequest, earlier: dict[str, int] | None = None) -> Validated:

@@ -37,6 +37,7 @@ class Prepared:
     payload: bytes | None
     tables: Any = None
     request: Any = None  # the decoded message, for stores without ``write_tables``
+    reasons: dict[str, int] | None = None  # rejected items by metric reason (None: all "invalid_id")
 
     def wal_record(self, body: bytes) -> bytes:
         """The bytes to append to the WAL for a request that arrived as ``body``."""
@@ -57,7 +58,7 @@ def prepare(kind: int, body: bytes, media: str, convert: bool = True) -> Prepare
         v = validate_logs(req, problems)
     payload = None if media != JSON and not v.changed else req.SerializeToString()
     if not v.accepted:
-        return Prepared(0, v.rejected, v.message, payload)
+        return Prepared(0, v.rejected, v.message, payload, reasons=metric_reasons(v.problems or {}))
     tables = None
     if convert:
         try:
@@ -66,7 +67,18 @@ def prepare(kind: int, body: bytes, media: str, convert: bool = True) -> Prepare
             raise DecodeError(f"invalid OTLP request: {exc}") from None
         except OverflowError as exc:
             raise DecodeError(f"invalid OTLP request: {_OUT_OF_RANGE} ({exc})") from None
-    return Prepared(v.accepted, v.rejected, v.message, payload, tables, None if convert else req)
+    return Prepared(v.accepted, v.rejected, v.message, payload, tables, None if convert else req,
+                    metric_reasons(v.problems or {}))
+
+
+def metric_reasons(problems: dict[str, int]) -> dict[str, int]:
+    """Rejections by the ``reason`` label of ``agenttape_*_rejected_total``: a span kind the store
+    cannot hold is ``invalid_kind``, every other problem is an id (``invalid_id``)."""
+    out: dict[str, int] = {}
+    for why, n in problems.items():
+        reason = "invalid_kind" if why.startswith("kind ") else "invalid_id"
+        out[reason] = out.get(reason, 0) + n
+    return out
 
 
 # times are stored as BIGINT nanoseconds: a fixed64 time past 2^63 - 1 (the year 2262) has no row
@@ -94,5 +106,5 @@ def _prepare_protobuf_traces(body: bytes) -> Prepared:
                 del spans[i]
     message = summary(problems)
     if not accepted:
-        return Prepared(0, rejected, message, None)
-    return Prepared(accepted, rejected, message, wire.SerializeToString(), tables)
+        return Prepared(0, rejected, message, None, reasons=metric_reasons(problems))
+    return Prepared(accepted, rejected, message, wire.SerializeToString(), tables, reasons=metric_reasons(problems))

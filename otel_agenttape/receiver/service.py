@@ -44,7 +44,8 @@ class ExportService:
             resp = ExportLogsServiceResponse()
         v = self.pipeline.prepare(kind, body, media)
         if v.rejected:
-            self.metrics.inc(f"agenttape_{unit}_rejected_total", v.rejected, reason="invalid_id")
+            for reason, n in (v.reasons or {"invalid_id": v.rejected}).items():
+                self.metrics.inc(f"agenttape_{unit}_rejected_total", n, reason=reason)
             if not v.accepted:
                 raise DecodeError(f"no valid {'spans' if kind == KIND_TRACES else 'log records'}: {v.message}")
         if v.accepted:

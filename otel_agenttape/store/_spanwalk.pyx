@@ -431,9 +431,9 @@ def walk(list raws, object conv, tuple where, tuple caches):
                     break
         if ok and check_ids and (
             tid_len != 16 or sid_len != 8 or (par_len != 0 and par_len != 8)
-            or _zeros(p + tid_at, tid_len) or _zeros(p + sid_at, sid_len)
+            or _zeros(p + tid_at, tid_len) or _zeros(p + sid_at, sid_len) or kind < -128 or kind > 127
         ):
-            ok = False  # the Python path counts the problem
+            ok = False  # the Python path counts the problem (ids, or a kind past the TINYINT column)
         if ok:
             key = PyBytes_FromStringAndSize(<const char*>(p + tid_at), tid_len) + \
                 PyBytes_FromStringAndSize(<const char*>(p + sid_at), sid_len)

@@ -92,6 +92,8 @@ def parse_traces(payload: bytes) -> Any:
     return TracesRequest.FromString(payload)
 
 
+# the store's kind column is a TINYINT: a kind OTLP may add later still fits, an absurd one is rejected
+KIND_MIN, KIND_MAX = -128, 127
 ZERO_TRACE_ID = bytes(16)
 ZERO_SPAN_ID = bytes(8)
 
@@ -114,4 +116,6 @@ def span_problem(span: Any) -> str | None:
     for link in span.links:
         if len(link.trace_id) != 16 or len(link.span_id) != 8:
             return "link ids must be 16 (trace) and 8 (span) bytes"
+    if not KIND_MIN <= span.kind <= KIND_MAX:
+        return f"kind must be between {KIND_MIN} and {KIND_MAX} (OTLP's are 0-5), got {span.kind}"
     return None

@@ -581,6 +581,7 @@ def traces_to_tables(requests: Iterable[Any], problems: dict[str, int] | None = 
 _ZERO_TRACE = otlpwire.ZERO_TRACE_ID
 _ZERO_SPAN = otlpwire.ZERO_SPAN_ID
 span_problem = otlpwire.span_problem
+_KIND_MIN, _KIND_MAX = otlpwire.KIND_MIN, otlpwire.KIND_MAX
 
 
 def _decode_only(span: Any) -> None:
@@ -627,6 +628,7 @@ class _Conversion:
             len(tid_b) != 16 or len(sid_b) != 8 or tid_b == _ZERO_TRACE or sid_b == _ZERO_SPAN
             or (parent and len(parent) != 8)
             or (links and any(len(ln.trace_id) != 16 or len(ln.span_id) != 8 for ln in links))
+            or not _KIND_MIN <= span.kind <= _KIND_MAX
         ):
             why = span_problem(span) or "invalid ids"
             problems[why] = problems.get(why, 0) + 1
