@@ -160,8 +160,9 @@ class KeyFilter:
 
 
 def _rows_bytes(t: rows.Tables) -> int:
-    """Bytes of the rows a write inserts (Arrow buffers; strings at their length)."""
-    return t.spans.nbytes + t.span_events.nbytes + t.span_links.nbytes + t.log_records.nbytes
+    """Bytes of the rows a write inserts (the sizes of their Arrow buffers: ``nbytes`` would walk every
+    string offset, about 2.7 ms for 14,000 bench spans against 0.2)."""
+    return sum(x.get_total_buffer_size() for x in (t.spans, t.span_events, t.span_links, t.log_records))
 
 
 def _hashes(con: duckdb.DuckDBPyConnection, view: str, key_sql: str) -> np.ndarray:
