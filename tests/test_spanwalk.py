@@ -247,3 +247,20 @@ def test_events_in_any_byte_layout_give_the_same_rows_or_the_same_refusal(events
     span = base + b"".join(_field(11, 2, r) for r in raws)
     # twice: the second time an event's tail may come from the cache
     _same([_request([span]), _request([span.replace(b"\x01" * 8, b"\x02" * 8, 1)])])
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=160), st.binary(max_size=60))
+def test_arbitrary_bytes_after_valid_ids_give_the_same_rows_or_the_same_refusal(tail: bytes, event: bytes):
+    base = _field(1, 2, TID) + _field(2, 2, b"\x01" * 8)
+    _same([_request([base + tail, base.replace(b"\x01" * 8, b"\x02" * 8) + _field(11, 2, event)])])
+
+
+def test_spans_with_more_attributes_or_events_than_the_walk_holds_still_convert():
+    many = 600  # past the walk's 512 per span: the Python path takes the span
+    attrs = b"".join(_field(9, 2, KeyValue(key=f"k{i}", value=AnyValue(int_value=i)).SerializeToString())
+                     for i in range(many))
+    events = b"".join(_field(11, 2, _EVENT.replace(b"ev", b"e%d" % (i % 10), 1)) for i in range(many))
+    base = _field(1, 2, TID) + _field(2, 2, b"\x01" * 8)
+    out = _same([_request([base + attrs, base.replace(b"\x01" * 8, b"\x02" * 8) + events])])
+    assert len(out[0]["span_events"]) == many
