@@ -264,3 +264,11 @@ def test_spans_with_more_attributes_or_events_than_the_walk_holds_still_convert(
     base = _field(1, 2, TID) + _field(2, 2, b"\x01" * 8)
     out = _same([_request([base + attrs, base.replace(b"\x01" * 8, b"\x02" * 8) + events])])
     assert len(out[0]["span_events"]) == many
+
+
+def test_columns_transposes_rows_of_one_width_and_leaves_anything_else_to_zip():
+    columns = rows._spanwalk.columns
+    assert columns([(1, "a", None), (2, "b", 3.5)], 3) == [[1, 2], ["a", "b"], [None, 3.5]]
+    assert columns([], 2) == [[], []]
+    assert columns([(1, 2), (3,)], 2) is None
+    assert columns([[1, 2]], 2) is None

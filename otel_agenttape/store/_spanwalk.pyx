@@ -12,7 +12,8 @@ equal, adversarial layouts included.
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.tuple cimport PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, uint32_t, uint64_t
 
@@ -530,3 +531,24 @@ cdef inline bint _zeros(const unsigned char* p, Py_ssize_t n) noexcept:
         if p[i]:
             return False
     return True
+
+
+def columns(list rows, Py_ssize_t width):
+    """The columns of ``rows`` as lists (``rows._table`` transposes with this instead of ``zip(*rows)``,
+    which steps one iterator per row); None unless every row is a tuple of ``width`` items."""
+    cdef Py_ssize_t n = len(rows), i, j
+    cdef list out = []
+    cdef list col
+    cdef tuple row
+    for i in range(n):
+        if type(rows[i]) is not tuple or PyTuple_GET_SIZE(rows[i]) != width:
+            return None
+    for j in range(width):
+        col = PyList_New(n)
+        for i in range(n):
+            row = <tuple>rows[i]
+            item = row[j]
+            Py_INCREF(item)
+            PyList_SET_ITEM(col, i, item)
+        out.append(col)
+    return out

@@ -204,13 +204,16 @@ def concat(parts: list[Tables]) -> Tables:
     )
 
 
-def _table(name: str, rows: list[tuple]) -> pa.Table:
+def _table(name: str, rows: list[tuple], columns: Any = None) -> pa.Table:
+    """The store table ``name`` of ``rows``; ``columns``: the compiled transposition (``_spanwalk.columns``),
+    which steps through the rows in C where ``zip(*rows)`` steps one iterator per row."""
     sch = SCHEMAS[name]
     if not rows:
         return _empty(name)
     n = len(rows)
     arrays = []
-    for f, col in zip(sch, zip(*rows)):
+    cols = columns(rows, len(sch)) if columns is not None else None
+    for f, col in zip(sch, cols if cols is not None else zip(*rows)):
         kind = _KINDS[f.type]
         storage = f.type.storage_type if kind == _JSON else pa.int32() if kind == _DATE else f.type
         first = col[0]
@@ -596,7 +599,8 @@ def _decode_only(span: Any) -> None:
 class _Conversion:
     """The rows of one conversion so far, and what it has seen (for "first wins" and problems)."""
 
-    def __init__(self, problems: dict[str, int] | None) -> None:
+    def __init__(self, problems: dict[str, int] | None, columns: Any = None) -> None:
+        self.columns = columns  # the compiled transposition, or None for zip
         self.span_rows: list[tuple] = []
         self.event_rows: list[tuple] = []
         self.link_rows: list[tuple] = []
@@ -607,9 +611,9 @@ class _Conversion:
 
     def tables(self) -> Tables:
         return Tables(
-            spans=_table("spans", self.span_rows),
-            span_events=_table("span_events", self.event_rows),
-            span_links=_table("span_links", self.link_rows),
+            spans=_table("spans", self.span_rows, self.columns),
+            span_events=_table("span_events", self.event_rows, self.columns),
+            span_links=_table("span_links", self.link_rows, self.columns),
             resources=self.res.table(),
             log_records=_empty("log_records"),
             in_batch_duplicates=self.dups,
@@ -744,7 +748,7 @@ def _walk_caches(conv: _Conversion) -> tuple:
 def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None,
                       walk: Any = None) -> Tables:
     walk = walk if walk is not None else (_spanwalk.walk if _spanwalk is not None else False)
-    conv = _Conversion(problems)
+    conv = _Conversion(problems, _spanwalk.columns if walk else None)
     add_span = conv.add_span
     caches = None
     for request in requests:
