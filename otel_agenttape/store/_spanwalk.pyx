@@ -23,12 +23,13 @@ cdef extern from "Python.h":
 
 cdef const char* _HEX = b"0123456789abcdef"
 DEF _MAX = 512  # attributes or events per span handled here (the SDK's default limit is 128)
+cdef uint64_t _NS_PER_DAY = 86400000000000
 
 
 cdef inline void _set(tuple t, Py_ssize_t i, object value):
+    """``t[i] = value`` in a tuple being built (PyTuple_SET_ITEM takes the reference over)."""
     Py_INCREF(value)
     PyTuple_SET_ITEM(t, i, value)
-cdef uint64_t _NS_PER_DAY = 86400000000000
 
 
 cdef object _hex(const unsigned char* p, Py_ssize_t n):
@@ -60,6 +61,19 @@ cdef inline Py_ssize_t _varint(const unsigned char* p, Py_ssize_t pos, Py_ssize_
         if shift > 63:
             return -1
     return -1
+
+
+cdef inline Py_ssize_t _tag(const unsigned char* p, Py_ssize_t pos, Py_ssize_t end, uint32_t* field,
+                            uint32_t* wire) noexcept:
+    """The position after the field tag at ``pos`` (its number and wire type out), or -1 for a tag
+    protobuf rejects (field 0, past 32 bits) or one that runs past ``end``."""
+    cdef uint64_t tag
+    pos = _varint(p, pos, end, &tag)
+    if pos < 0 or tag > 0xFFFFFFFF or (tag >> 3) == 0:
+        return -1
+    field[0] = <uint32_t>(tag >> 3)
+    wire[0] = <uint32_t>(tag & 7)
+    return pos
 
 
 cdef inline object _text(const unsigned char* p, Py_ssize_t n):
@@ -94,7 +108,7 @@ cdef bint _string_kv(const unsigned char* p, Py_ssize_t n, Py_ssize_t* value_at)
     return True
 
 
-cdef object _long_entry(const unsigned char* p, Py_ssize_t n, _Caches c):
+cdef object _plain_entry(const unsigned char* p, Py_ssize_t n, Caches c):
     """``rows._kv_entry`` of a plain string KeyValue (without the caching), or None to leave it to ``_kv_entry``.
     (The JSON string itself is left to orjson, whose escaping is faster than a loop over bytes.)"""
     cdef Py_ssize_t value_at
@@ -109,22 +123,28 @@ cdef object _long_entry(const unsigned char* p, Py_ssize_t n, _Caches c):
     return _piece(key, value, c)
 
 
-cdef class _Caches:
-    """The lookups and fallbacks of ``rows.py`` that a walk uses (see ``rows._walk_caches``)."""
+cdef class Caches:
+    """The caches and routines of ``rows.py`` that a walk shares (read from the module once per
+    conversion), and ``fallback(raw, rid, scope_name, scope_version, service)``: the Python path."""
     cdef dict kv_cache, plans, event_cache, prefixes, slots
     cdef set kv_seen, event_seen
     cdef object kv_entry, string_piece, make_plan, event_fields, admit_tail, fallback, no_promoted
     cdef object dumps, system
     cdef Py_ssize_t cached_kv_bytes, cached_event_bytes, provider, cache_entries, seen_entries
 
-    def __init__(self, tuple caches):
-        (self.kv_cache, self.kv_seen, self.kv_entry, self.string_piece, self.plans, self.make_plan,
-         self.event_cache, self.event_seen, self.event_fields, self.admit_tail, self.fallback,
-         self.no_promoted, self.cached_kv_bytes, self.cached_event_bytes, self.provider, self.cache_entries,
-         self.seen_entries, self.prefixes, self.slots, self.system, self.dumps) = caches
+    def __init__(self, rows: object, fallback: object) -> None:
+        self.kv_cache, self.kv_seen, self.kv_entry = rows._KV_CACHE, rows._KV_SEEN, rows._kv_entry
+        self.string_piece, self.prefixes, self.slots = rows._string_piece, rows._KEY_PREFIX, rows._SLOT
+        self.plans, self.make_plan, self.no_promoted = rows._PLAN_CACHE, rows._plan, rows._NO_PROMOTED
+        self.event_cache, self.event_seen = rows._EVENT_CACHE, rows._EVENT_SEEN
+        self.event_fields, self.admit_tail = rows._event_fields, rows._admit_tail
+        self.cached_kv_bytes, self.cached_event_bytes = rows._CACHED_KV_BYTES, rows._CACHED_EVENT_BYTES
+        self.cache_entries, self.seen_entries = rows._CACHE_ENTRIES, rows._SEEN_ENTRIES
+        self.provider, self.system, self.dumps = rows._PROVIDER_SLOT, rows.sc.GEN_AI_SYSTEM, rows.orjson.dumps
+        self.fallback = fallback
 
 
-cdef tuple _piece(object key, object value, _Caches c):
+cdef tuple _piece(object key, object value, Caches c):
     """``rows._string_piece``: (key, '"key":{"s":"value"}', promoted value); keys with a promoted
     column, or whose JSON prefix is not cached yet, go to it."""
     prefix = c.prefixes.get(key)
@@ -134,7 +154,14 @@ cdef tuple _piece(object key, object value, _Caches c):
     return key, piece, (value if key == c.system else None)
 
 
-cdef inline void _admit(_Caches c, object key, object value) except *:
+cdef inline void _note(set seen, object h, Py_ssize_t limit) except *:
+    """A first miss: only its hash is kept (``rows._admit``), in a set cleared when full."""
+    if len(seen) >= limit:
+        seen.clear()
+    seen.add(h)
+
+
+cdef inline void _admit(Caches c, object key, object value) except *:
     """``rows._admit`` for the KeyValue cache: cache on the second miss, note the hash on the first."""
     h = hash(key)
     if h in c.kv_seen:
@@ -142,12 +169,10 @@ cdef inline void _admit(_Caches c, object key, object value) except *:
             c.kv_cache.clear()
         c.kv_cache[key] = value
     else:
-        if len(c.kv_seen) >= c.seen_entries:
-            c.kv_seen.clear()
-        c.kv_seen.add(h)
+        _note(c.kv_seen, h, c.seen_entries)
 
 
-cdef tuple _attributes(const unsigned char* p, Py_ssize_t* at, Py_ssize_t* lens, Py_ssize_t m, _Caches c):
+cdef tuple _attributes(const unsigned char* p, Py_ssize_t* at, Py_ssize_t* lens, Py_ssize_t m, Caches c):
     """(attributes JSON, the promoted values plus a None, the plan) of the KeyValues at ``at``/``lens``,
     as ``rows._attrs_json`` and ``rows._Conversion.add_span`` make them."""
     cdef Py_ssize_t i, k, n
@@ -162,14 +187,14 @@ cdef tuple _attributes(const unsigned char* p, Py_ssize_t* at, Py_ssize_t* lens,
             kv = PyBytes_FromStringAndSize(<const char*>(p + k), n)
             entry = c.kv_cache.get(kv)
             if entry is None:
-                entry = _long_entry(p + k, n, c)
+                entry = _plain_entry(p + k, n, c)
                 if entry is None:
                     entry = c.kv_entry(kv)  # (which notes or caches it itself)
                 else:
                     _admit(c, kv, entry)
         else:
             # too long to be cached: read it here when it is a plain string
-            entry = _long_entry(p + k, n, c)
+            entry = _plain_entry(p + k, n, c)
             if entry is None:
                 entry = c.kv_entry(PyBytes_FromStringAndSize(<const char*>(p + k), n))
         _set(keys_t, i, (<tuple>entry)[0])
@@ -181,21 +206,54 @@ cdef tuple _attributes(const unsigned char* p, Py_ssize_t* at, Py_ssize_t* lens,
     return "{" + ",".join((<tuple>plan)[0](pieces_t)) + "}", values_t, plan
 
 
-cdef tuple _event(const unsigned char* p, Py_ssize_t n, _Caches c):
+cdef object _status(const unsigned char* p, Py_ssize_t n, int32_t* code):
+    """The message of a serialized ``Status`` (its code in ``code``), or None for anything protobuf
+    would read differently. Fields: message (2, string), code (3, int32); unknown ones are skipped."""
+    cdef Py_ssize_t pos = 0
+    cdef uint64_t v
+    cdef uint32_t field, wire
+    cdef object message = ""
+    while pos < n:
+        pos = _tag(p, pos, n, &field, &wire)
+        if pos < 0:
+            return None
+        if wire == 2:
+            pos = _varint(p, pos, n, &v)
+            if pos < 0 or v > <uint64_t>(n - pos) or field == 3:
+                return None
+            if field == 2:
+                message = _text(p + pos, <Py_ssize_t>v) if v else ""
+                if message is None:
+                    return None
+            pos += <Py_ssize_t>v
+        elif wire == 0:
+            pos = _varint(p, pos, n, &v)
+            if pos < 0 or field == 2:
+                return None
+            if field == 3:
+                code[0] = <int32_t><uint32_t>v
+        elif wire == 1 and n - pos >= 8 and field > 3:
+            pos += 8
+        elif wire == 5 and n - pos >= 4 and field > 3:
+            pos += 4
+        else:
+            return None
+    return message
+
+
+cdef tuple _event(const unsigned char* p, Py_ssize_t n, Caches c):
     """(time, name, attributes JSON, dropped count) of a serialized event, as ``rows._event_fields``
     reads it; None for anything protobuf would read differently (those go to ``_event_fields``)."""
     cdef Py_ssize_t pos = 0, k, m = 0
-    cdef uint64_t tag, v, time = 0
+    cdef uint64_t v, time = 0
     cdef uint32_t field, wire, dropped = 0
     cdef Py_ssize_t at[_MAX]
     cdef Py_ssize_t lens[_MAX]
     cdef object name = ""
     while pos < n:
-        pos = _varint(p, pos, n, &tag)
-        if pos < 0 or tag > 0xFFFFFFFF or (tag >> 3) == 0:
+        pos = _tag(p, pos, n, &field, &wire)
+        if pos < 0:
             return None
-        field = <uint32_t>(tag >> 3)
-        wire = <uint32_t>(tag & 7)
         if wire == 2:
             pos = _varint(p, pos, n, &v)
             if pos < 0 or v > <uint64_t>(n - pos):
@@ -240,11 +298,9 @@ cdef tuple _event(const unsigned char* p, Py_ssize_t n, _Caches c):
     return time, name, attributes, dropped
 
 
-def walk(list raws, object conv, tuple where, tuple caches):
+def walk(list raws, object conv, tuple where, Caches c):
     """Rows of serialized spans (one ``ScopeSpans``' worth) into ``conv`` (a ``rows._Conversion``);
-    ``where`` is (resource id, scope name, scope version, service name), ``caches`` the lookups and
-    fallbacks of ``rows.py`` (see ``rows._walk_caches``)."""
-    cdef _Caches c = _Caches(caches)
+    ``where`` is (resource id, scope name, scope version, service name)."""
     cdef object fallback = c.fallback
     cdef dict event_cache = c.event_cache
     cdef set seen = conv.seen
@@ -257,7 +313,7 @@ def walk(list raws, object conv, tuple where, tuple caches):
     cdef bytes raw
     cdef const unsigned char* p
     cdef Py_ssize_t n, pos, fend, k, m, i
-    cdef uint64_t tag, v, start, end
+    cdef uint64_t v, start, end
     cdef uint32_t field, wire
     cdef Py_ssize_t tid_at, tid_len, sid_at, sid_len, par_at, par_len, st_at, st_len
     cdef object trace_state, name, status_message, start_o, end_o
@@ -288,13 +344,8 @@ def walk(list raws, object conv, tuple where, tuple caches):
         ok = True
         pos = 0
         while pos < n:
-            pos = _varint(p, pos, n, &tag)
-            if pos < 0 or tag > 0xFFFFFFFF:
-                ok = False
-                break
-            field = <uint32_t>(tag >> 3)
-            wire = <uint32_t>(tag & 7)
-            if field == 0:
+            pos = _tag(p, pos, n, &field, &wire)
+            if pos < 0:
                 ok = False
                 break
             if wire == 2:
@@ -377,8 +428,7 @@ def walk(list raws, object conv, tuple where, tuple caches):
                 if n - pos < 4:
                     ok = False
                     break
-                v = (<uint64_t>p[pos] | <uint64_t>p[pos + 1] << 8 | <uint64_t>p[pos + 2] << 16
-                     | <uint64_t>p[pos + 3] << 24)
+                v = _le32(p + pos)
                 pos += 4
                 if field == 16:
                     flags = <uint32_t>v
@@ -389,47 +439,9 @@ def walk(list raws, object conv, tuple where, tuple caches):
                 ok = False
                 break
         if ok and seen_status:
-            # Status: message (2, string), code (3, int32); unknown fields skipped as protobuf does
-            pos = st_at
-            fend = st_at + st_len
-            while pos < fend:
-                pos = _varint(p, pos, fend, &tag)
-                if pos < 0 or tag > 0xFFFFFFFF or (tag >> 3) == 0:
-                    ok = False
-                    break
-                field = <uint32_t>(tag >> 3)
-                wire = <uint32_t>(tag & 7)
-                if wire == 2:
-                    pos = _varint(p, pos, fend, &v)
-                    if pos < 0 or v > <uint64_t>(fend - pos):
-                        ok = False
-                        break
-                    if field == 2:
-                        status_message = _text(p + pos, <Py_ssize_t>v) if v else ""
-                        if status_message is None:
-                            ok = False
-                            break
-                    elif field == 3:
-                        ok = False
-                        break
-                    pos += <Py_ssize_t>v
-                elif wire == 0:
-                    pos = _varint(p, pos, fend, &v)
-                    if pos < 0:
-                        ok = False
-                        break
-                    if field == 3:
-                        code = <int32_t><uint32_t>v
-                    elif field == 2:
-                        ok = False
-                        break
-                elif wire == 1 and fend - pos >= 8 and field > 3:
-                    pos += 8
-                elif wire == 5 and fend - pos >= 4 and field > 3:
-                    pos += 4
-                else:
-                    ok = False
-                    break
+            status_message = _status(p + st_at, st_len, &code)
+            if status_message is None:
+                ok = False
         if ok and check_ids and (
             tid_len != 16 or sid_len != 8 or (par_len != 0 and par_len != 8)
             or _zeros(p + tid_at, tid_len) or _zeros(p + sid_at, sid_len) or kind < -128 or kind > 127
@@ -511,10 +523,12 @@ def walk(list raws, object conv, tuple where, tuple caches):
                 if h in c.event_seen:
                     c.admit_tail(tail, fields[1:])
                 else:
-                    if len(c.event_seen) >= c.seen_entries:
-                        c.event_seen.clear()
-                    c.event_seen.add(h)
+                    _note(c.event_seen, h, c.seen_entries)
             event_rows.append((tid, sid, i) + fields + (day,))
+
+
+cdef inline uint64_t _le32(const unsigned char* p) noexcept:
+    return <uint64_t>p[0] | <uint64_t>p[1] << 8 | <uint64_t>p[2] << 16 | <uint64_t>p[3] << 24
 
 
 cdef inline uint64_t _le64(const unsigned char* p) noexcept:

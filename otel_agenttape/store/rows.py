@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import math
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import itemgetter
@@ -734,15 +735,14 @@ def _scope(conv: _Conversion, rs: Any, ss: Any) -> tuple[str, str | None, str | 
 _spanwalk = native.load("otel_agenttape.store._spanwalk")
 
 
-def _walk_caches(conv: _Conversion) -> tuple:
-    """What ``_spanwalk.walk`` looks up and falls back to: the same caches and routines as above."""
+def _walk_caches(conv: _Conversion) -> Any:
+    """What ``_spanwalk.walk`` shares with this module (its caches and routines), and its fallback:
+    ``conv.add_span`` of the span parsed by protobuf."""
     def fallback(raw: bytes, rid: str, scope_name: str | None, scope_version: str | None,
                  service: str | None) -> None:
         conv.add_span(otlpwire.Span.FromString(raw), rid, scope_name, scope_version, service)
 
-    return (_KV_CACHE, _KV_SEEN, _kv_entry, _string_piece, _PLAN_CACHE, _plan, _EVENT_CACHE, _EVENT_SEEN,
-            _event_fields, _admit_tail, fallback, _NO_PROMOTED, _CACHED_KV_BYTES, _CACHED_EVENT_BYTES,
-            _PROVIDER_SLOT, _CACHE_ENTRIES, _SEEN_ENTRIES, _KEY_PREFIX, _SLOT, sc.GEN_AI_SYSTEM, orjson.dumps)
+    return _spanwalk.Caches(sys.modules[__name__], fallback)
 
 
 def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None,
