@@ -11,7 +11,7 @@ import pytest
 
 from otel_agenttape.integrity import merkle
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "merkle"
+VECTORS = Path(__file__).resolve().parent / "vectors" / "merkle"
 
 
 def _b(x):

@@ -5,7 +5,10 @@ command-line code stays at the top.
 """
 
 import ast
+import re
 from pathlib import Path
+
+import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "otel_agenttape"
 
@@ -24,35 +27,70 @@ FORBIDDEN_THIRD_PARTY = {"integrity": {"duckdb", "grpc"}, "resume": {"duckdb", "
                          "capture": {"duckdb", "pyarrow"}}
 
 
-def _unit(path: Path) -> str:
-    rel = path.relative_to(PKG).parts
-    return rel[0].removesuffix(".py") if len(rel) == 1 else rel[0]
+def _unit(path: Path, pkg: Path = PKG) -> str:
+    rel = path.relative_to(pkg).parts
+    return rel[0].removesuffix(".py").removesuffix(".pyx") if len(rel) == 1 else rel[0]
 
 
-def _imports(path: Path):
-    tree = ast.parse(path.read_text(), filename=str(path))
-    rel_parts = path.relative_to(PKG).parts
+_PYX_IMPORT = re.compile(r"^\s*(?:from\s+(\.*[\w.]*)\s+c?import\s+(.+)|c?import\s+(.+))$")
+_IMPORT_CALL = re.compile(r"import_module\(\s*[\"'](otel_agenttape(?:\.\w+)*)[\"']")
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip().split(" as ")[0].strip("() ") for n in text.split(",") if n.strip().strip("()")]
+
+
+def _resolve(rel_parts: tuple[str, ...], level: int, module: str | None) -> str:
+    """The absolute module a ``from`` import names (``level`` dots, then ``module``)."""
+    if not level:
+        return module or ""
+    base = list(rel_parts[:-1])[: len(rel_parts) - level]
+    return ".".join(["otel_agenttape", *base] + ([module] if module else []))
+
+
+def _imports(path: Path, pkg: Path = PKG):
+    """Every module a file imports, in every form: ``import a.b``, ``from a import b`` (``a.b`` too, since b
+    may be a module), relative imports, ``importlib.import_module("...")`` and Cython's ``cimport``."""
+    text = path.read_text()
+    rel_parts = path.relative_to(pkg).parts
+    yield from _IMPORT_CALL.findall(text)
+    if path.suffix == ".pyx":
+        for line in text.splitlines():
+            m = _PYX_IMPORT.match(line.split("#")[0].rstrip())
+            if not m:
+                continue
+            if m.group(3):
+                yield from _names(m.group(3))
+                continue
+            dots = len(m.group(1)) - len(m.group(1).lstrip("."))
+            mod = _resolve(rel_parts, dots, m.group(1).lstrip(".") or None)
+            yield mod
+            yield from (f"{mod}.{n}" for n in _names(m.group(2)) if n != "*")
+        return
+    tree = ast.parse(text, filename=str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against this file's package
-                base = list(rel_parts[:-1])[: len(rel_parts) - node.level]
-                mod = ".".join(["otel_agenttape", *base] + ([node.module] if node.module else []))
+            mod = _resolve(rel_parts, node.level, node.module)
+            if mod:
                 yield mod
-            elif node.module:
-                yield node.module
+            for alias in node.names:
+                if alias.name != "*":
+                    yield f"{mod}.{alias.name}" if mod else alias.name
 
 
-def test_every_import_respects_the_layers():
+def layer_problems(pkg: Path = PKG) -> list[str]:
+    """Every import in ``pkg`` (``.py`` and ``.pyx``) that crosses the layers the wrong way."""
     problems = []
-    for path in sorted(PKG.rglob("*.py")):
-        unit = _unit(path)
+    files = sorted([*pkg.rglob("*.py"), *pkg.rglob("*.pyx")])
+    for path in files:
+        unit = _unit(path, pkg)
         if unit not in LAYER:
-            problems.append(f"{path.relative_to(PKG)}: unit {unit!r} has no layer")
+            problems.append(f"{path.relative_to(pkg)}: unit {unit!r} has no layer")
             continue
-        for name in _imports(path):
+        for name in _imports(path, pkg):
             parts = name.split(".")
             if parts[0] == "otel_agenttape" and len(parts) > 1:
                 target = parts[1]
@@ -61,7 +99,48 @@ def test_every_import_respects_the_layers():
                 ok = (LAYER[target] < LAYER[unit] or (unit, target) in ALLOWED
                       or LAYER[unit] == LAYER[target] == TOP)
                 if not ok:
-                    problems.append(f"{path.relative_to(PKG)} imports {name} (layer {LAYER[target]} from {LAYER[unit]})")
+                    problems.append(f"{path.relative_to(pkg)} imports {name} (layer {LAYER[target]} from {LAYER[unit]})")
             elif parts[0] in FORBIDDEN_THIRD_PARTY.get(unit, ()):
-                problems.append(f"{path.relative_to(PKG)} imports {name}")
+                problems.append(f"{path.relative_to(pkg)} imports {name}")
+    return sorted(set(problems))
+
+
+def test_every_import_respects_the_layers():
+    problems = layer_problems()
     assert not problems, "\n".join(problems)
+
+
+PLANTED = {
+    "absolute": "import otel_agenttape.store\n",
+    "absolute_from": "from otel_agenttape.store import writer\n",
+    "package_from": "from otel_agenttape import store\n",
+    "relative_parent": "from .. import store\n",
+    "relative_module": "from ..store.writer import Store\n",
+    "dynamic": "import importlib\nimportlib.import_module('otel_agenttape.receiver')\n",
+    "third_party": "import duckdb\n",
+}
+
+
+@pytest.mark.parametrize("form", sorted(PLANTED))
+def test_a_planted_wrong_import_of_each_form_fails(tmp_path: Path, form: str) -> None:
+    pkg = tmp_path / "otel_agenttape"
+    for sub in ("capture", "store", "receiver"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "capture" / "api.py").write_text(PLANTED[form])
+    assert layer_problems(pkg), f"the {form} form of a wrong import went unnoticed"
+    (pkg / "capture" / "api.py").write_text("from . import sealing\nfrom otel_agenttape import semconv\n")
+    assert not layer_problems(pkg)
+
+
+@pytest.mark.parametrize("line", ["from otel_agenttape.store.writer cimport Store",
+                                  "from otel_agenttape.store import rows",
+                                  "cimport otel_agenttape.tape.model",
+                                  "from ..receiver import http"])
+def test_a_planted_wrong_import_in_a_pyx_fails(tmp_path: Path, line: str) -> None:
+    pkg = tmp_path / "otel_agenttape"
+    for sub in ("capture", "store", "receiver", "tape"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "capture" / "_fast.pyx").write_text(f"# cython: language_level=3\n{line}\n")
+    assert layer_problems(pkg)
