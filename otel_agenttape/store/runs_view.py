@@ -116,7 +116,9 @@ SELECT trace_id, span_id, parent_span_id, name, scope_name, service_name, start_
     {_SCOPE_SOURCE}
     WHEN oi_kind IS NOT NULL THEN '{sc.SOURCE_OPENINFERENCE}'
     WHEN tl_kind IS NOT NULL OR llm_request_type IS NOT NULL OR {_INDEXED}
-      OR contains(atext, '"traceloop.') THEN '{sc.SOURCE_OPENLLMETRY}'
+      OR contains(atext, '"traceloop.') OR contains(atext, '"{sc.OPENLLMETRY_API_BASE}"')
+      OR (starts_with({_SCOPE}, 'opentelemetry.instrumentation.') AND ends_with({_SCOPE}, '{sc.OPENLLMETRY_SCOPE_SUFFIX}'))
+      THEN '{sc.SOURCE_OPENLLMETRY}'
     ELSE '{sc.SOURCE_GENAI}' END AS source,
   coalesce(session_id, {_y(5)}, {_y(6)}, {_y(7)}, {_y(16)}) AS session_id,
   coalesce(agent_name, {_y(8)},
