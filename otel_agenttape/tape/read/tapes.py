@@ -133,7 +133,7 @@ class Tapes:
         a, b = self.rebuild(ref_a), self.rebuild(ref_b)
         d = diff_runs(a, b)
         return {"run_a": a.run_id, "run_b": b.run_id, "ref_a": a.ref, "ref_b": b.ref, "diverged": d is not None,
-                "first_divergence": d.to_json() if d else None}
+                "first_divergence": d.to_json() if d else None, "nodes_a": len(a.nodes), "nodes_b": len(b.nodes)}
 
     def spans_otlp(self, ref: str) -> dict[str, Any]:
         """The run's own spans as an OTLP JSON ``ExportTraceServiceRequest`` (``agenttape ingest`` takes it)."""
