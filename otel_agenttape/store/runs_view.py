@@ -159,10 +159,8 @@ _NODE_AGGS = """
     count(*) FILTER (WHERE o.role IN ('model', 'tool') AND o.status_code = 2) AS errors,
     CAST(sum(o.input_tokens) FILTER (WHERE o.role = 'model') AS BIGINT) AS input_tokens,
     CAST(sum(o.output_tokens) FILTER (WHERE o.role = 'model') AS BIGINT) AS output_tokens,
-    list(o.model ORDER BY o.start_time_unix_nano, o.span_id)
-      FILTER (WHERE o.role = 'model' AND o.model IS NOT NULL) AS models_all,
-    list(o.tool_name ORDER BY o.start_time_unix_nano, o.span_id)
-      FILTER (WHERE o.role = 'tool' AND o.tool_name IS NOT NULL) AS tools_all,
+    list(DISTINCT o.model) FILTER (WHERE o.role = 'model' AND o.model IS NOT NULL) AS models_all,
+    list(DISTINCT o.tool_name) FILTER (WHERE o.role = 'tool' AND o.tool_name IS NOT NULL) AS tools_all,
     arg_min(o.chain_id, o.start_time_unix_nano) FILTER (WHERE o.chain_id IS NOT NULL) AS tape_id,
     arg_min(o.session_id, o.start_time_unix_nano) FILTER (WHERE o.session_id IS NOT NULL) AS any_session,
     arg_min(o.agent_name, o.start_time_unix_nano) FILTER (WHERE o.agent_name IS NOT NULL) AS any_agent"""
@@ -261,17 +259,13 @@ base AS (
 links AS MATERIALIZED (
   SELECT l.trace_id, l.span_id, l.link_index, l.linked_trace_id, l.linked_span_id
   FROM span_links l SEMI JOIN (SELECT run_span, trace_id FROM base) b ON b.trace_id = l.trace_id AND b.run_span = l.span_id
+  WHERE (l.attributes->'$."{sc.PREVIOUS_RUN_ID}"') IS NULL  -- a session's next turn links the run it follows
 ),
 linked AS (
   SELECT l.trace_id, l.span_id,
     arg_min(coalesce(t.run_id, t.span_id) || '@' || l.linked_trace_id, l.link_index) AS link_ref
-  FROM links l
-  JOIN spans t ON t.trace_id = l.linked_trace_id AND t.span_id = l.linked_span_id
-  JOIN spans me ON me.trace_id = l.trace_id AND me.span_id = l.span_id
-  WHERE (t.run_id IS NOT NULL OR t.operation_name IN ({RUN_OPS_SQL})
-         OR upper(t.attributes->>'$."{sc.OPENINFERENCE_SPAN_KIND}".s') IN ({_quoted(sc.OI_RUN_KINDS)})
-         OR lower(t.attributes->>'$."{sc.TRACELOOP_SPAN_KIND}".s') IN ({_quoted(sc.TRACELOOP_RUN_KINDS)}))
-    AND (me.attributes->'$."{sc.PREVIOUS_RUN_ID}"') IS NULL
+  FROM links l JOIN spans t ON t.trace_id = l.linked_trace_id AND t.span_id = l.linked_span_id
+  WHERE t.run_id IS NOT NULL OR t.operation_name IN ({RUN_OPS_SQL})
   GROUP BY l.trace_id, l.span_id
 ),
 keys AS (
