@@ -110,3 +110,8 @@ def test_the_api_raises_ambiguous_with_candidates(served, refs):
         with pytest.raises(otel_agenttape.RunNotFound):
             tapes.run("no-such-run")
         assert [r.ref for r in tapes.session("day-2")] == [refs[1]]
+    # the running server itself, by URL and by its discovery file
+    for source in (served.url, served.db + ".serve.json"):
+        with otel_agenttape.open(source) as tapes:
+            assert sorted(r.ref for r in tapes.runs(agent="nightly").runs) == sorted(refs)
+            assert tapes.replay(refs[0])["tools"][0]["arguments"] == {"day": 1}
