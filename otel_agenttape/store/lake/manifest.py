@@ -72,7 +72,7 @@ class Catalog:
     lake: LakeFS
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> file record
     generation: int = 0
-    covers: set[str] = field(default_factory=set)
+    covers: dict[str, int] = field(default_factory=dict)  # receiver -> highest seq the snapshot folded in
     entries: list[str] = field(default_factory=list)  # entry keys read (not covered by the snapshot)
     snapshot: dict[str, Any] | None = None
     listed: dict[str, int] = field(default_factory=dict)  # every key under _manifest/
@@ -94,20 +94,37 @@ class Catalog:
 
     def receivers(self) -> dict[str, int]:
         """Receiver id -> highest published seq seen (entries and snapshot coverage)."""
-        out: dict[str, int] = {}
-        for key in [*self.covers, *self.entries]:
+        out = dict(self.covers)
+        for key in [*self.listed]:
             m = _ENTRY.match(key)
             if m:
                 out[m.group(1)] = max(out.get(m.group(1), -1), int(m.group(2)))
         return out
 
-    def is_recorded(self, receiver: str, seq: int) -> bool:
-        key = entry_key(receiver, seq)
-        return key in self.listed or key in self.covers
+    def covered(self, key: str) -> bool:
+        m = _ENTRY.match(key)
+        return bool(m) and int(m.group(2)) <= self.covers.get(m.group(1), 0)
 
 
 def load_catalog(lake: LakeFS) -> Catalog:
-    """List ``_manifest/`` once, read the newest snapshot and the entries it does not cover."""
+    """List ``_manifest/`` once, read the newest snapshot and the entries it does not cover.
+
+    Maintenance may remove an old snapshot or covered entries (after its grace period) while this
+    runs: then the listing is taken again, and the newer snapshot covers what went away."""
+    for attempt in range(5):
+        try:
+            return _load(lake)
+        except _Raced:
+            if attempt == 4:
+                raise LakeError(f"the manifest of {lake.uri} kept changing while being read: try again") from None
+    raise AssertionError("unreachable")
+
+
+class _Raced(Exception):
+    pass
+
+
+def _load(lake: LakeFS) -> Catalog:
     listed = lake.list(MANIFEST)
     cat = Catalog(lake, listed=listed)
     gens = sorted(int(m.group(1)) for k in listed if (m := _SNAPSHOT.match(k)))
@@ -115,16 +132,18 @@ def load_catalog(lake: LakeFS) -> Catalog:
         cat.generation = gens[-1]
         try:
             cat.snapshot = json.loads(lake.read(snapshot_key(gens[-1])))
-        except (ValueError, FileNotFoundError) as exc:
+        except FileNotFoundError:
+            raise _Raced from None
+        except ValueError as exc:
             raise LakeError(f"unreadable lake snapshot {snapshot_key(gens[-1])} in {lake.uri}: {exc}") from exc
-        cat.covers = set(cat.snapshot.get("covers", []))
+        cat.covers = {str(k): int(v) for k, v in cat.snapshot.get("covers", {}).items()}
         for rec in cat.snapshot.get("files", []):
             cat.files[rec["key"]] = rec
-    for key in sorted(k for k in listed if _ENTRY.match(k) and k not in cat.covers):
+    for key in sorted(k for k in listed if _ENTRY.match(k) and not cat.covered(k)):
         try:
             entry = json.loads(lake.read(key))
         except FileNotFoundError:
-            continue  # removed by maintenance after a newer snapshot covered it
+            raise _Raced from None  # removed by maintenance: a newer snapshot covers it
         except ValueError as exc:
             raise LakeError(f"unreadable lake manifest entry {key} in {lake.uri}: {exc}") from exc
         cat.entries.append(key)
@@ -133,5 +152,26 @@ def load_catalog(lake: LakeFS) -> Catalog:
     return cat
 
 
-def entries_of(cat: Catalog, keys: Iterable[str]) -> list[dict[str, Any]]:
-    return [json.loads(cat.lake.read(k)) for k in keys]
+def entry_receiver_seq(key: str) -> tuple[str, int] | None:
+    m = _ENTRY.match(key)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def snapshot_generations(listed: Iterable[str]) -> list[int]:
+    return sorted(int(m.group(1)) for k in listed if (m := _SNAPSHOT.match(k)))
+
+
+def latest_covers(lake: LakeFS) -> dict[str, int]:
+    """The newest snapshot's coverage (receiver -> highest seq folded in), reading only that snapshot."""
+    gens = snapshot_generations(f"{SNAPSHOTS}/{k}" for k in _names(lake.list(SNAPSHOTS), SNAPSHOTS))
+    if not gens:
+        return {}
+    try:
+        snap = json.loads(lake.read(snapshot_key(gens[-1])))
+    except FileNotFoundError:
+        return latest_covers(lake)
+    return {str(k): int(v) for k, v in snap.get("covers", {}).items()}
+
+
+def _names(listed: dict[str, int], prefix: str) -> list[str]:
+    return [k[len(prefix) + 1:] for k in listed if k.startswith(prefix + "/")]

@@ -168,7 +168,7 @@ class LakePublisher:
 
     def _publish(self, batch: Batch) -> None:
         key = mf.entry_key(self.receiver, batch.seq)
-        if not self.lake.exists(key):
+        if not self.lake.exists(key) and batch.seq > mf.latest_covers(self.lake).get(self.receiver, 0):
             files = self._write_files(batch)
             entry = {"format": mf.FORMAT, "receiver": self.receiver, "seq": batch.seq, "created": mf.now_iso(),
                      "ranges": {t: list(r) for t, r in batch.ranges.items()}, "files": files}

@@ -22,7 +22,7 @@ from otel_agenttape.store import parquet as pqlake
 from otel_agenttape.store import rows, schema, views
 from otel_agenttape.store.lake import manifest as mf
 from otel_agenttape.store.lake.files import RUN_TRACES, RUN_TRACES_SCHEMA
-from otel_agenttape.store.lake.fs import LakeError, is_lake_uri, lake_fs
+from otel_agenttape.store.lake.fs import LakeError, LakeFS, is_lake_uri, lake_fs
 
 _RUN_TRACES_COLS = ", ".join(RUN_TRACES_SCHEMA.names)
 
@@ -35,30 +35,31 @@ def _table_schema(table: str) -> pa.Schema:
     return RUN_TRACES_SCHEMA if table == RUN_TRACES else rows.SCHEMAS[table]
 
 
-def _lake_sources(con: duckdb.DuckDBPyConnection, cat: mf.Catalog, n: int) -> dict[str, str]:
-    """One SQL source per table with live files in this lake."""
+def scan_sql(con: duckdb.DuckDBPyConnection, lake: LakeFS, table: str, keys: Sequence[str], name: str) -> str:
+    """A ``SELECT`` over these files of one table (``date`` from the folder name for dated tables)."""
+    cols = ", ".join(_table_schema(table).names)
+    hive = table in pqlake.PARTITIONED
+    if lake.local:
+        paths = "[" + ", ".join(_q(lake.path(k)) for k in keys) + "]"
+        opts = ", hive_partitioning = true, hive_types = {'date': DATE}" if hive else ", hive_partitioning = false"
+        return f"SELECT {cols} FROM read_parquet({paths}{opts}, union_by_name = true)"
+    part = ds.partitioning(pa.schema([("date", pa.date32())]), flavor="hive") if hive else None
+    dataset = ds.dataset(
+        [lake.path(k) for k in keys], filesystem=lake.fs, format="parquet", schema=_table_schema(table),
+        partitioning=part, partition_base_dir=lake.path(table) if hive else None,
+    )
+    con.register(name, dataset)
+    return f"SELECT {cols} FROM {name}"
+
+
+def _lake_sources(con: duckdb.DuckDBPyConnection, cat: mf.Catalog, n: int, missing: set[str]) -> dict[str, str]:
+    """One SQL source per table with live files in this lake (files missing from the lake are left out:
+    verification reports them, reads answer from what is there)."""
     out: dict[str, str] = {}
-    lake = cat.lake
     for table in (*schema.TABLES, RUN_TRACES):
-        files = cat.table_files(table)
-        if not files:
-            continue
-        cols = ", ".join(_table_schema(table).names)
-        hive = table in pqlake.PARTITIONED
-        if lake.local:
-            paths = "[" + ", ".join(_q(lake.path(f["key"])) for f in files) + "]"
-            opts = ", hive_partitioning = true, hive_types = {'date': DATE}" if hive else ", hive_partitioning = false"
-            out[table] = f"SELECT {cols} FROM read_parquet({paths}{opts}, union_by_name = true)"
-        else:
-            part = ds.partitioning(pa.schema([("date", pa.date32())]), flavor="hive") if hive else None
-            dataset = ds.dataset(
-                [lake.path(f["key"]) for f in files], filesystem=lake.fs, format="parquet",
-                schema=_table_schema(table), partitioning=part,
-                partition_base_dir=lake.path(table) if hive else None,
-            )
-            name = f"_lake{n}_{table}"
-            con.register(name, dataset)
-            out[table] = f"SELECT {cols} FROM {name}"
+        files = [f for f in cat.table_files(table) if f["key"] not in missing]
+        if files:
+            out[table] = scan_sql(con, cat.lake, table, [f["key"] for f in files], f"_lake{n}_{table}")
     return out
 
 
@@ -79,8 +80,9 @@ def _duckdb_sources(con: duckdb.DuckDBPyConnection, path: str, n: int) -> dict[s
 class LakeSet:
     """The catalogs a reader was opened over; verification asks it about files and retention."""
 
-    def __init__(self, catalogs: list[mf.Catalog]) -> None:
+    def __init__(self, catalogs: list[mf.Catalog], missing: list[tuple[mf.Catalog, str]]) -> None:
         self.catalogs = catalogs
+        self.missing = missing  # (catalog, key) of listed files not in the lake when it was opened
 
     def retained_ranges(self) -> dict[tuple[str, int], list[tuple[int, int, str]]]:
         out: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
@@ -91,13 +93,17 @@ class LakeSet:
 
     def check_files(self, hashes: bool = True) -> list[dict[str, Any]]:
         """Every live file the manifest lists, checked: missing, another size, another sha256."""
-        problems: list[dict[str, Any]] = []
+        problems: list[dict[str, Any]] = [
+            {"file": f"{cat.lake.uri}/{key}", "problem": "missing: listed in the lake manifest but not there"}
+            for cat, key in self.missing]
         for cat in self.catalogs:
             recs = sorted(cat.files.values(), key=lambda f: f["key"])
             sizes = cat.lake.sizes([f["key"] for f in recs]) if recs else {}
             for f in recs:
                 where = f"{cat.lake.uri}/{f['key']}"
                 size = sizes.get(f["key"])
+                if any(c is cat and k == f["key"] for c, k in self.missing):
+                    continue
                 if size is None:
                     problems.append({"file": where, "problem": "missing: listed in the lake manifest but not there"})
                 elif size != f["bytes"]:
@@ -120,6 +126,7 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
     con = duckdb.connect(":memory:")
     parts: dict[str, list[str]] = {t: [] for t in (*schema.TABLES, RUN_TRACES)}
     catalogs: list[mf.Catalog] = []
+    missing: list[tuple[mf.Catalog, str]] = []
     allowed: list[str] = []
     try:
         for n, src in enumerate(os.fspath(s) for s in sources):
@@ -131,7 +138,10 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
                 catalogs.append(cat)
                 if lake.local:
                     allowed.append(lake.base)
-                found = _lake_sources(con, cat, n)
+                keys = sorted(cat.files)
+                gone = {k for k, size in (lake.sizes(keys) if keys else {}).items() if size is None}
+                missing.extend((cat, k) for k in sorted(gone))
+                found = _lake_sources(con, cat, n, gone)
             elif os.path.isfile(src):
                 found = _duckdb_sources(con, src, n)
             else:
@@ -166,6 +176,6 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
         con.close()
         raise
     reader = ConnectionReader(con, description=", ".join(os.fspath(s) for s in sources), kind="lake")
-    reader.lakes = LakeSet(catalogs)  # type: ignore[attr-defined]
+    reader.lakes = LakeSet(catalogs, missing)  # type: ignore[attr-defined]
     reader.run_index_view = RUN_TRACES  # type: ignore[attr-defined]
     return reader
