@@ -55,3 +55,32 @@ def open_args(args: Any) -> Any:
     """``open_source`` from a command's ``--db``, ``--parquet`` and ``--otlp`` options."""
     return open_source(getattr(args, "db", None), getattr(args, "parquet", None), getattr(args, "otlp", None),
                        getattr(args, "lake", None))
+
+
+def source_of(args: Any) -> Any:
+    """What ``--otlp``, ``--lake``, ``--parquet`` or ``--db`` names, for ``otel_agenttape.open``."""
+    otlp, parquet, db = getattr(args, "otlp", None), getattr(args, "parquet", None), getattr(args, "db", None)
+    if otlp:
+        return list(otlp)
+    lake = getattr(args, "lake", None)
+    if lake:  # lakes and DuckDB files read as one store (open() of a list without OTLP files)
+        return list(lake)
+    if parquet:
+        if not os.path.isdir(parquet):
+            raise CliError(f"no Parquet lake at {parquet}")
+        return parquet
+    if not db:
+        raise CliError("no source: give --db, --parquet or --otlp")
+    return db
+
+
+def open_tapes(args: Any) -> Any:
+    """``otel_agenttape.open`` on a command's source; a source that cannot be read is a one-line error."""
+    from otel_agenttape.receiver.files import OtlpFileError
+    from otel_agenttape.sources import open as open_source_tapes
+    from otel_agenttape.store.reader import StoreError
+
+    try:
+        return open_source_tapes(source_of(args))
+    except (StoreError, OtlpFileError) as exc:
+        raise CliError(str(exc)) from None
