@@ -206,3 +206,92 @@ def test_sql_and_show_over_the_lake(lake: dict[str, Any], capsys: Any) -> None:
     assert json.loads(out)[0]["n"] == sum(len(s) for s in lake["sent"].values())
     code, out = run_cli("show", lake["solos"][0], "--lake", lake["uri"], capsys=capsys)
     assert code == 0 and "get_weather" in out
+
+
+def _lake_fs(lake: dict[str, Any]) -> Any:
+    from otel_agenttape.store.lake import lake_fs
+
+    return lake_fs(lake["uri"])
+
+
+def _span_file(lake: dict[str, Any]) -> str:
+    from otel_agenttape.store.lake import load_catalog
+
+    cat = load_catalog(_lake_fs(lake))
+    return max((f for f in cat.files.values() if f["table"] == "spans"), key=lambda f: f["rows"])["key"]
+
+
+def test_verify_catches_an_edited_parquet_file(lake: dict[str, Any], capsys: Any) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    fs = _lake_fs(lake)
+    key = _span_file(lake)
+    original = fs.read(key)
+    table = pq.read_table(pa.BufferReader(original))
+    names = table.column("name").to_pylist()
+    names[0] = names[0] + " (edited)"
+    table = table.set_column(table.schema.get_field_index("name"), "name", pa.array(names, table.schema.field("name").type))
+    assert pc.sum(pc.equal(table.column("name"), names[0])).as_py() == 1
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    fs.put_bytes(key, sink.getvalue().to_pybytes())
+    try:
+        code, out = run_cli("verify", "--lake", lake["uri"], "--json", capsys=capsys)
+        doc = json.loads(out)
+        assert code == 1 and not doc["valid"]
+        assert any(key in p["file"] for p in doc["lake_files"]["problems"])
+        assert any("span content edited" in (c["reason"] or "") for c in doc["chains"])
+    finally:
+        fs.put_bytes(key, original)
+    assert run_cli("verify", "--lake", lake["uri"], capsys=capsys)[0] == 0
+
+
+def test_verify_catches_a_removed_parquet_file(lake: dict[str, Any], capsys: Any) -> None:
+    fs = _lake_fs(lake)
+    key = _span_file(lake)
+    original = fs.read(key)
+    assert fs.delete(key)
+    try:
+        code, out = run_cli("verify", "--lake", lake["uri"], "--json", capsys=capsys)
+        doc = json.loads(out)
+        assert code == 1
+        assert [p["problem"] for p in doc["lake_files"]["problems"] if key in p["file"]] == [
+            "missing: listed in the lake manifest but not there"]
+        code, out = run_cli("verify", "--lake", lake["uri"], capsys=capsys)
+        assert code == 1 and "FAIL  lake file" in out and "missing" in out
+    finally:
+        fs.put_bytes(key, original)
+
+
+def _counts(uri: str) -> dict[str, int]:
+    from otel_agenttape.store.reader import open_reader
+
+    reader = open_reader([uri])
+    try:
+        return {t: reader.query(f"SELECT count(*) FROM {t}").column(0)[0].as_py()
+                for t in ("spans", "span_events", "span_links", "log_records", "resources", "run_traces")}
+    finally:
+        reader.close()
+
+
+def test_compact_keeps_every_row(lake: dict[str, Any], capsys: Any) -> None:
+    from otel_agenttape.store.lake import load_catalog
+
+    before = _counts(lake["uri"])
+    files_before = len(load_catalog(_lake_fs(lake)).files)
+    code, out = run_cli("lake", "compact", lake["uri"], "--grace", "0", "--json", capsys=capsys)
+    assert code == 0
+    done = json.loads(out)
+    assert done["merged_files"] > 0
+    assert _counts(lake["uri"]) == before
+    cat = load_catalog(_lake_fs(lake))
+    assert len(cat.files) < files_before and cat.entries == []
+    # the replaced files are gone from the lake itself, not only from the manifest
+    assert set(_lake_fs(lake).list("spans")) == {f["key"] for f in cat.table_files("spans")}
+    again = json.loads(run_cli("lake", "compact", lake["uri"], "--grace", "0", "--json", capsys=capsys)[1])
+    assert again["merged_files"] == 0 and _counts(lake["uri"]) == before
+    code, out = run_cli("runs", "--lake", lake["uri"], "--limit", "100", "--json", capsys=capsys)
+    assert len(json.loads(out)) == 1 + CHILDREN + SOLO_RUNS
+    assert run_cli("verify", "--lake", lake["uri"], capsys=capsys)[0] == 0
