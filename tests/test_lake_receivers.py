@@ -208,6 +208,34 @@ def test_sql_and_show_over_the_lake(lake: dict[str, Any], capsys: Any) -> None:
     assert code == 0 and "get_weather" in out
 
 
+def test_diff_dataset_and_resume_index_over_the_lake(lake: dict[str, Any], capsys: Any, tmp_path: Any) -> None:
+    a, b = lake["solos"][:2]
+    code, out = run_cli("diff", a, b, "--json", "--lake", lake["uri"], capsys=capsys)
+    assert code in (0, 1) and json.loads(out)["run_a"] == a
+    out_file = tmp_path / "train.jsonl"
+    code, out = run_cli("dataset", str(out_file), "--json", "--lake", lake["uri"], capsys=capsys)
+    assert code == 0
+    assert len(out_file.read_text().splitlines()) >= SOLO_RUNS
+    index = tmp_path / "index.json"
+    code, out = run_cli("resume-index", a, "--out", str(index), "--lake", lake["uri"], capsys=capsys)
+    assert code == 0 and json.loads(index.read_text())
+
+
+def test_lake_and_a_store_read_as_one(lake: dict[str, Any], tmp_path: Any) -> None:
+    """A list of stores: the lake plus a DuckDB file holding another run."""
+    import otel_agenttape
+    from otel_agenttape.store.writer import Store
+    from receiver_util import trace_request
+
+    db = str(tmp_path / "extra.duckdb")
+    store = Store(db)
+    store.write_traces([trace_request(3, attrs={"agenttape.run.id": "extra-run"})])
+    store.close()
+    with otel_agenttape.open([lake["uri"], db]) as tapes:
+        ids = {r.run_id for r in tapes.runs(limit=100).runs}
+    assert "extra-run" in ids and lake["coordinator"] in ids
+
+
 def _lake_fs(lake: dict[str, Any]) -> Any:
     from otel_agenttape.store.lake import lake_fs
 
