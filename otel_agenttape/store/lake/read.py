@@ -77,6 +77,24 @@ def _duckdb_sources(con: duckdb.DuckDBPyConnection, path: str, n: int) -> dict[s
     return out
 
 
+def _is_export(src: str) -> bool:
+    from otel_agenttape.store.reader import is_lake
+
+    return os.path.isdir(src) and is_lake(src)
+
+
+def _folder_catalog(lake: LakeFS) -> mf.Catalog:
+    """The files of an exported lake folder, listed by walking it (it has no manifest)."""
+    cat = mf.Catalog(lake)
+    for table in (*schema.TABLES, RUN_TRACES):
+        for key, size in lake.list(table).items():
+            if key.endswith(".parquet"):
+                part = key.split("/date=")
+                day = part[1][:10] if len(part) > 1 else None
+                cat.files[key] = {"table": table, "key": key, "bytes": size, "date": day}
+    return cat
+
+
 class LakeSet:
     """The catalogs a reader was opened over; verification asks it about files and retention."""
 
@@ -144,6 +162,10 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
                 found = _lake_sources(con, cat, n, gone)
             elif os.path.isfile(src):
                 found = _duckdb_sources(con, src, n)
+            elif _is_export(src):  # a folder written by `export parquet` or `--parquet-dir`: no manifest
+                cat = _folder_catalog(lake_fs(src))
+                allowed.append(cat.lake.base)
+                found = _lake_sources(con, cat, n, set())
             else:
                 raise StoreError(f"{src} is neither a lake (a folder with _manifest/, or s3://...) nor a DuckDB file")
             for t, sql in found.items():
