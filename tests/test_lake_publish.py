@@ -85,3 +85,24 @@ def test_an_unwritable_lake_keeps_the_rows_and_counts_the_failure(tmp_path: Any)
         blocker.unlink()
         assert pub.publish_once() is not None
     assert _spans(str(lake)) == (4, 4)
+
+
+def test_an_exported_folder_a_lake_and_a_store_read_as_one(tmp_path: Any) -> None:
+    from otel_agenttape.store.parquet import export_parquet
+
+    with Store(str(tmp_path / "a.duckdb")) as a:
+        a.write_traces([trace_request(4, attrs={"agenttape.run.id": "exported"})])
+        export_parquet(a.reader(), str(tmp_path / "export"))
+    with Store(str(tmp_path / "b.duckdb")) as b:
+        b.write_traces([trace_request(3, attrs={"agenttape.run.id": "published"})])
+        LakePublisher(b, str(tmp_path / "lake"), "b").publish_all()
+    with Store(str(tmp_path / "c.duckdb")) as c:
+        c.write_traces([trace_request(2, attrs={"agenttape.run.id": "hot"})])
+    reader = open_reader([str(tmp_path / "export"), str(tmp_path / "lake"), str(tmp_path / "c.duckdb")])
+    try:
+        got = reader.query("SELECT run_id, count(*) AS n FROM spans GROUP BY 1 ORDER BY 1").to_pylist()
+        index = reader.query("SELECT DISTINCT run_id FROM run_traces ORDER BY 1").column(0).to_pylist()
+    finally:
+        reader.close()
+    assert got == [{"run_id": "exported", "n": 4}, {"run_id": "hot", "n": 2}, {"run_id": "published", "n": 3}]
+    assert index == ["exported", "hot", "published"]
