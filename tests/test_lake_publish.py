@@ -106,3 +106,17 @@ def test_an_exported_folder_a_lake_and_a_store_read_as_one(tmp_path: Any) -> Non
         reader.close()
     assert got == [{"run_id": "exported", "n": 4}, {"run_id": "hot", "n": 2}, {"run_id": "published", "n": 3}]
     assert index == ["exported", "hot", "published"]
+
+
+def test_a_pending_batch_keeps_its_receiver_id_when_the_id_changes(tmp_path: Any) -> None:
+    lake = str(tmp_path / "lake")
+    with Store(str(tmp_path / "a.duckdb")) as store:
+        store.write_traces([trace_request(6)])
+        LakePublisher(store, lake, "old")._new_batch()  # fixed under "old", then the process stops
+        store.write_traces([trace_request(2)])
+        assert LakePublisher(store, lake, "new").publish_all() == 2
+    cat = load_catalog(lake_fs(lake))
+    assert sorted(cat.receivers()) == ["new", "old"]
+    spans = {f["key"].rsplit("/", 1)[1].split("-")[0]: f["rows"] for f in cat.files.values() if f["table"] == "spans"}
+    assert spans == {"old": 6, "new": 2}
+    assert _spans(lake) == (8, 8)

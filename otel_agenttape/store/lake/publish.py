@@ -56,6 +56,7 @@ class ReceiverIdInUse(ValueError):
 class Batch:
     seq: int
     ranges: dict[str, tuple[int, int]]
+    receiver: str = ""  # the id it was fixed under (a pending batch keeps it if the id changed since)
 
     @property
     def spans(self) -> int:
@@ -107,12 +108,13 @@ class LakePublisher:
 
     def _pending(self) -> Batch | None:
         cols = ", ".join(f"{c}_lo, {c}_hi" for c in _COLS.values())
-        found = self._rows(f"SELECT seq, {cols} FROM lake_publications WHERE lake = ? AND receiver = ? "
-                           "AND state = 'pending' ORDER BY seq LIMIT 1", [self.lake.uri, self.receiver])
+        found = self._rows(f"SELECT seq, {cols}, receiver FROM lake_publications WHERE lake = ? "
+                           "AND state = 'pending' ORDER BY created_unix_nano LIMIT 1", [self.lake.uri])
         if not found:
             return None
         r = found[0]
-        return Batch(int(r[0]), {t: (int(r[1 + 2 * i]), int(r[2 + 2 * i])) for i, t in enumerate(TABLES)})
+        return Batch(int(r[0]), {t: (int(r[1 + 2 * i]), int(r[2 + 2 * i])) for i, t in enumerate(TABLES)},
+                     str(r[-1]))
 
     def unpublished(self) -> dict[str, int]:
         """Rows of each table not yet in a batch (pending or published)."""
@@ -136,7 +138,7 @@ class LakePublisher:
         ranges = {t: (los[t], max(los[t], counts[t])) for t in TABLES}
         lo, hi = ranges["spans"]
         ranges["spans"] = (lo, min(hi, lo + self.max_spans))
-        batch = Batch(0, ranges)
+        batch = Batch(0, ranges, self.receiver)
         if batch.empty:
             return None
         seq = self._rows("SELECT coalesce(max(seq), 0) + 1 FROM lake_publications WHERE lake = ? AND receiver = ?",
@@ -167,20 +169,21 @@ class LakePublisher:
         return n
 
     def _publish(self, batch: Batch) -> None:
-        key = mf.entry_key(self.receiver, batch.seq)
-        if not self.lake.exists(key) and batch.seq > mf.latest_covers(self.lake).get(self.receiver, 0):
+        key = mf.entry_key(batch.receiver, batch.seq)
+        if not self.lake.exists(key) and batch.seq > mf.latest_covers(self.lake).get(batch.receiver, 0):
             files = self._write_files(batch)
-            entry = {"format": mf.FORMAT, "receiver": self.receiver, "seq": batch.seq, "created": mf.now_iso(),
+            entry = {"format": mf.FORMAT, "receiver": batch.receiver, "seq": batch.seq, "created": mf.now_iso(),
                      "ranges": {t: list(r) for t, r in batch.ranges.items()}, "files": files}
             self.lake.put_bytes(key, mf.dumps(entry))
             self.published_files += len(files)
         self._con.execute("UPDATE lake_publications SET state = 'published', published_unix_nano = ? "
                           "WHERE lake = ? AND receiver = ? AND seq = ?",
-                          [time.time_ns(), self.lake.uri, self.receiver, batch.seq])
+                          [time.time_ns(), self.lake.uri, batch.receiver, batch.seq])
         self.published_batches += 1
 
-    def _name(self, seq: int) -> str:
-        return f"{self.receiver}-{seq:010d}.parquet"
+    @staticmethod
+    def _name(batch: Batch) -> str:
+        return f"{batch.receiver}-{batch.seq:010d}.parquet"
 
     def _stream(self, sql: str, params: list[Any]) -> Any:
         reader = self._con.sql(sql, params=params).to_arrow_reader(_BATCH_ROWS)
@@ -188,7 +191,7 @@ class LakePublisher:
 
     def _write_files(self, batch: Batch) -> list[dict[str, Any]]:
         files: list[dict[str, Any]] = []
-        name = self._name(batch.seq)
+        name = self._name(batch)
         for table in TABLES:
             lo, hi = batch.ranges[table]
             if hi <= lo:
