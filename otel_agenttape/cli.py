@@ -67,23 +67,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
         token=args.token,
         ingest_workers=args.ingest_workers,
         warm_workers=True,
+        lake=args.lake,
+        receiver_id=args.receiver_id,
+        lake_interval=args.lake_interval,
+        lake_max_spans=args.lake_max_spans,
     )
     try:
         server.start()
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise CliError(f"cannot start the receiver: {exc}") from None
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     signal.signal(signal.SIGINT, lambda *_: server.request_stop())
     msg = (
         f"agenttape serve: OTLP/HTTP {server.url}  OTLP/gRPC {args.host}:{server.grpc_port}  db {args.db}"
         + (f"  parquet {args.parquet_dir}" if args.parquet_dir else "")
+        + (f"  lake {args.lake} as {server.publisher.receiver}" if server.publisher is not None else "")
         + (f"  (replayed {server.replayed_records} WAL records)" if server.replayed_records else "")
     )
     if args.json:
         import json
 
         msg = json.dumps({"url": server.url, "http_port": server.http_port, "grpc_port": server.grpc_port,
-                          "db": args.db, "pid": os.getpid(), "replayed": server.replayed_records})
+                          "db": args.db, "pid": os.getpid(), "replayed": server.replayed_records,
+                          "lake": args.lake, "receiver_id": server.publisher.receiver if server.publisher else None})
     print(msg, flush=True)
     try:
         server.serve_forever()
@@ -169,7 +175,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from otel_agenttape.commands import store as commands
 
     fmt = "json" if args.json else "csv" if args.csv else "text"
-    return _store_call(commands.sql, args.db, args.query, fmt=fmt)
+    return _store_call(commands.sql, args.lake or args.db, args.query, fmt=fmt)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -184,6 +190,32 @@ def _tape_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parquet", metavar="DIR", default=None, help="read a Parquet lake instead of --db")
     p.add_argument("--otlp", metavar="FILE", nargs="+", default=None,
                    help="read OTLP files (JSON, JSON lines, protobuf, .gz) instead of --db")
+    _lake_read_arg(p)
+
+
+def _lake_read_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lake", action="append", metavar="LAKE", default=None,
+                   help="read a lake (folder or s3://bucket/prefix) instead of --db; repeat it to read several "
+                        "lakes and DuckDB files as one store")
+
+
+def _lake_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lake", default=_env("LAKE"), metavar="DIR|s3://BUCKET/PREFIX",
+                   help="also publish immutable Parquet files and a manifest into this lake (env AGENTTAPE_LAKE)")
+    p.add_argument("--receiver-id", default=_env("RECEIVER_ID"), metavar="ID",
+                   help="this receiver's name in the lake (env AGENTTAPE_RECEIVER_ID, default the host name)")
+    p.add_argument("--lake-interval", type=float, default=None, metavar="SECONDS",
+                   help="publish at least this often while rows arrive (default 60)")
+    p.add_argument("--lake-max-spans", type=int, default=None, metavar="N",
+                   help="publish as soon as N spans wait, and at most N spans per batch (default 200000)")
+
+
+def cmd_lake(args: argparse.Namespace) -> int:
+    """Maintain a lake: compact small files, drop old partitions, show what the manifest lists."""
+    from otel_agenttape.commands import lake as commands
+
+    return int({"compact": commands.cmd_compact, "retain": commands.cmd_retain,
+                "status": commands.cmd_status}[args.lake_command](args))
 
 
 def cmd_resume_index(args: argparse.Namespace) -> int:
@@ -340,6 +372,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ingest-workers", type=int, default=None, metavar="N",
                    help="processes decoding and converting requests to rows (default: one per core, max 4; 0: none)")
     p.add_argument("--json", action="store_true", help="print the startup line as JSON")
+    _lake_serve_args(p)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("ingest", help="load OTLP JSON / JSON lines / protobuf files (.gz too) into the store")
@@ -397,6 +430,7 @@ def _build_parser() -> argparse.ArgumentParser:
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print a JSON array")
     fmt.add_argument("--csv", action="store_true", help="print CSV with a header row")
+    _lake_read_arg(p)
     p.set_defaults(func=cmd_sql)
 
     p = sub.add_parser("export", help="export the store (export parquet DIR)")
@@ -414,6 +448,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=default_db(), help="DuckDB tape store (env AGENTTAPE_DB)")
     p.add_argument("--parquet", metavar="DIR", default=None, help="read a Parquet lake instead of --db")
     p.add_argument("--otlp", metavar="FILE", nargs="+", default=None, help="read OTLP files instead of --db")
+    _lake_read_arg(p)
     p.add_argument("--json", action="store_true", help="print the entry counts as JSON")
     p.set_defaults(func=cmd_resume_index)
 
@@ -437,6 +472,23 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--checkpoints", action="append", metavar="FILE", help="local checkpoint file (JSON lines)")
         _tape_source_args(p)
         p.set_defaults(func=func)
+    p = sub.add_parser("lake", help="maintain a lake: compact, retain, status")
+    what = p.add_subparsers(dest="lake_command", metavar="VERB")
+    what.required = True
+    for verb, helptext in (("compact", "merge small Parquet files (atomic, idempotent, safe while receivers publish)"),
+                           ("retain", "drop whole date partitions older than --older-than, recording what went"),
+                           ("status", "files, rows and receivers the manifest lists")):
+        q = what.add_parser(verb, help=helptext)
+        q.add_argument("lake", metavar="LAKE", help="lake folder or s3://bucket/prefix")
+        if verb == "compact":
+            q.add_argument("--target-mb", type=float, default=256, help="merged file size (default 256 MB)")
+        if verb == "retain":
+            q.add_argument("--older-than", required=True, metavar="DAYS", help="e.g. 30d: UTC dates before today-30")
+        if verb != "status":
+            q.add_argument("--grace", type=float, default=600, metavar="SECONDS",
+                           help="delete replaced files only this long after (default 600; readers may still use them)")
+        q.add_argument("--json", action="store_true")
+        q.set_defaults(func=cmd_lake)
     p = sub.add_parser("verify-proof", help="check a proof file offline against a public key")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--key", action="append", metavar="PUB", help="trusted public key (file or vkey)")

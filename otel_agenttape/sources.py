@@ -58,6 +58,8 @@ def open(source: Any, *, token: str | None = None) -> Tapes:  # noqa: A001 - the
     if isinstance(source, (list, tuple)):
         if not source:
             raise ValueError("open([]): no OTLP files given")
+        if not any(_is_otlp_file(os.fspath(s)) for s in source):  # lakes and DuckDB files: one store
+            return Tapes(open_reader(list(source)))
         return _otlp(source)
     src = os.fspath(source)
     if src.startswith(("http://", "https://")):

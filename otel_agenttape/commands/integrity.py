@@ -72,11 +72,15 @@ def cmd_verify(args: Any) -> int:
         reports = verify_store(reader, run=args.run, verifiers=verifiers, checkpoint_files=args.checkpoints or ())
         if not reports and args.run is not None and not _run_exists(reader, args.run):
             raise CliError(f"run not found: {args.run}")
+        lakes = getattr(reader, "lakes", None)  # a lake: every listed file there, as published
+        files = lakes.check_files() if lakes is not None else []
     finally:
         reader.close()
-    ok = bool(reports) and all(r.valid for r in reports)
+    ok = bool(reports) and all(r.valid for r in reports) and not files
     if args.json:
         doc = {"valid": ok, "chains": [r.to_json() for r in reports]}
+        if lakes is not None:
+            doc["lake_files"] = {"checked": lakes.files(), "problems": files}
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0 if ok else 1
     if not reports:
@@ -95,6 +99,10 @@ def cmd_verify(args: Any) -> int:
                 print(f"        also at {issue.index}: {issue.reason}")
         if r.restored_from:
             print(f"        restored epoch; previous checkpoint: {r.restored_from}")
+        if r.removed_by_retention:
+            print(f"        {r.removed_by_retention} earlier entries removed by retention (recorded in the lake)")
+    for f in files:
+        print(f"FAIL  lake file {f['file']}: {f['problem']}")
     if not verifiers:
         print("note: no --key given: checkpoint signatures were not checked against a trusted key")
     return 0 if ok else 1

@@ -28,14 +28,18 @@ class _OwnedReader:
         self._store.close()
 
 
-def open_source(db: str | None = None, parquet: str | None = None, otlp: Sequence[str] | None = None) -> Any:
-    """A reader over OTLP files if given, else a Parquet lake, else a DuckDB store (or a lake as --db)."""
+def open_source(db: str | None = None, parquet: str | None = None, otlp: Sequence[str] | None = None,
+                lake: Sequence[str] | None = None) -> Any:
+    """A reader over OTLP files if given, else lakes (``--lake``, with any DuckDB files listed there),
+    else a Parquet lake, else a DuckDB store (or a lake as --db)."""
     from otel_agenttape.receiver.files import OtlpFileError, load_otlp_files
     from otel_agenttape.store.reader import StoreError, open_lake, open_reader
 
     try:
         if otlp:
             return _OwnedReader(load_otlp_files(otlp))
+        if lake:
+            return open_lake(list(lake))
         if parquet:
             if not os.path.isdir(parquet):
                 raise CliError(f"no Parquet lake at {parquet}")
@@ -49,14 +53,18 @@ def open_source(db: str | None = None, parquet: str | None = None, otlp: Sequenc
 
 def open_args(args: Any) -> Any:
     """``open_source`` from a command's ``--db``, ``--parquet`` and ``--otlp`` options."""
-    return open_source(getattr(args, "db", None), getattr(args, "parquet", None), getattr(args, "otlp", None))
+    return open_source(getattr(args, "db", None), getattr(args, "parquet", None), getattr(args, "otlp", None),
+                       getattr(args, "lake", None))
 
 
 def source_of(args: Any) -> Any:
-    """What ``--otlp``, ``--parquet`` or ``--db`` names, for ``otel_agenttape.open``."""
+    """What ``--otlp``, ``--lake``, ``--parquet`` or ``--db`` names, for ``otel_agenttape.open``."""
     otlp, parquet, db = getattr(args, "otlp", None), getattr(args, "parquet", None), getattr(args, "db", None)
     if otlp:
         return list(otlp)
+    lake = getattr(args, "lake", None)
+    if lake:  # lakes and DuckDB files read as one store (open() of a list without OTLP files)
+        return list(lake)
     if parquet:
         if not os.path.isdir(parquet):
             raise CliError(f"no Parquet lake at {parquet}")

@@ -77,6 +77,7 @@ class ChainReport:
     restored_from: str | None = None
     untrusted_checkpoints: int = 0
     trace_id: str | None = None  # set when processes sealed the same tape id and epoch in several traces
+    removed_by_retention: int = 0  # entries a recorded retention removed (not a finding)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -144,8 +145,15 @@ def verify_chain(
     entries: Sequence[Entry],
     checkpoints: Sequence[SignedCheckpoint] = (),
     key_pinned: bool = False,
+    retained: Sequence[tuple[int, int, str]] = (),
 ) -> ChainReport:
-    """Check every link, every recomputed leaf, the gaps, and the checkpoints of this tape's origin."""
+    """Check every link, every recomputed leaf, the gaps, and the checkpoints of this tape's origin.
+
+    ``retained``: seq ranges ``(lo, hi, hash of hi)`` that a recorded retention removed. A missing
+    range that matches one exactly, and whose next entry links to its recorded last hash, is counted
+    as removed by retention instead of a gap; anything else there is still reported."""
+    kept = {lo: (hi, head) for lo, hi, head in retained}
+    removed = 0
     issues: list[Issue] = []
     by_seq: dict[int, Entry] = {}
     for e in entries:
@@ -161,6 +169,10 @@ def verify_chain(
     leaves: list[bytes | None] = []  # Merkle leaf hashes by seq
     for s in seqs:
         e = by_seq[s]
+        cut = kept.get(last + 1)
+        if s != last + 1 and cut is not None and cut[0] == s - 1:
+            removed += s - 1 - last  # removed by retention: the chain resumes from the recorded hash
+            expected_prev, last = cut[1], s - 1
         if s != last + 1:
             issues.append(Issue(last + 1, GAP, f"missing seq {last + 1}..{s - 1}"))
         elif e.prev != expected_prev:
@@ -202,7 +214,8 @@ def verify_chain(
         roots[size] = cr.root()
         done = size
     cr.extend(leaves[done:usable])
-    report = ChainReport(chain_id, epoch, length, True, None, None, key_pinned=key_pinned)
+    report = ChainReport(chain_id, epoch, length, True, None, None, key_pinned=key_pinned,
+                         removed_by_retention=removed)
     report.root = cr.root().hex() if len(leaves) == cr.size else None
     report.head = by_seq[last].hash if last >= 0 else None
     good_size = 0

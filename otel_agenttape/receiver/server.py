@@ -56,6 +56,14 @@ def read_discovery(db: str | os.PathLike[str]) -> dict[str, Any] | None:
     return info
 
 
+def default_receiver_id() -> str:
+    """The host name, in the characters a lake's file names allow."""
+    import re
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).strip(".-_") or "receiver"
+
+
 def _open_store(db: str | None) -> Any:
     from otel_agenttape.store.writer import Store
 
@@ -80,6 +88,10 @@ class TapeServer:
         grpc_enabled: bool = True,
         ingest_workers: int | None = None,
         warm_workers: bool = False,
+        lake: str | os.PathLike[str] | None = None,
+        receiver_id: str | None = None,
+        lake_interval: float | None = None,
+        lake_max_spans: int | None = None,
     ) -> None:
         self.db = None if db is None else str(db)
         self.host = host
@@ -114,6 +126,12 @@ class TapeServer:
         self._query_reader: Any = None
         self._genai_cache: tuple[float, str] = (0.0, "")
         self.replayed_records = 0
+        # publication into a lake (store/lake/publish.py): the DuckDB file stays the hot store
+        self.lake = None if lake is None else os.fspath(lake)
+        self.receiver_id = receiver_id
+        self.lake_options = {k: v for k, v in (("interval", lake_interval), ("max_spans", lake_max_spans))
+                             if v is not None}
+        self.publisher: Any = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -148,6 +166,8 @@ class TapeServer:
             self._http.start()
             self.replayed_records = self.pipeline.replay_wal()
             self.pipeline.start()
+            if self.lake is not None:
+                self._start_publisher()
             if self.db is not None:
                 self._write_discovery()
         except BaseException:
@@ -157,6 +177,14 @@ class TapeServer:
         if self.warm_workers and self.pipeline.pool is not None:
             threading.Thread(target=self._warm, name="agenttape-warm", daemon=True).start()
         return self
+
+    def _start_publisher(self) -> None:
+        from otel_agenttape.store.lake.publish import LakePublisher
+
+        if self.db is None:
+            raise ValueError("a receiver publishing into a lake needs a DuckDB file (--db): it is the hot store")
+        receiver = self.receiver_id or default_receiver_id()
+        self.publisher = LakePublisher(self.store, self.lake, receiver, **self.lake_options).start()
 
     def _warm(self) -> None:
         pipeline = self.pipeline
@@ -205,6 +233,9 @@ class TapeServer:
         if self.pipeline is not None:
             drained = self.pipeline.close(timeout if drain else 0.1) and drain
             self.pipeline = None
+        if self.publisher is not None:
+            self.publisher.stop(flush=drain)  # everything stored is published before the store closes
+            self.publisher = None
         if self.wal is not None:
             self.wal.close(applied_all=drained)
             self.wal = None
@@ -304,6 +335,8 @@ class TapeServer:
             "agenttape_wal_disk_bytes": ("Bytes of WAL segments on disk.", w.disk_bytes if w else 0),
             "agenttape_wal_fsyncs": ("Group-commit flushes of the WAL since start.", w.fsyncs if w else 0),
         }
+        if self.publisher is not None:
+            gauges.update(self.publisher.gauges())
         now = time.monotonic()
         at, cached = self._genai_cache
         if now - at > _GENAI_CACHE_SECONDS or not cached:

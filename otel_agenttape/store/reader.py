@@ -159,12 +159,24 @@ LAKE_FOLDERS = (*schema.TABLES, "run_traces")  # run_traces: the lake's run inde
 
 def is_lake(path: str) -> bool:
     """A folder holding ``spans/``, any other store table folder, or ``run_traces/`` (all an export of
-    an empty store writes)."""
-    return os.path.isdir(path) and any(os.path.isdir(os.path.join(path, t)) for t in LAKE_FOLDERS)
+    an empty store writes), or a published lake's ``_manifest/``; or an ``s3://`` lake."""
+    if path.startswith("s3://"):
+        return True
+    return os.path.isdir(path) and any(os.path.isdir(os.path.join(path, t)) for t in (*LAKE_FOLDERS, "_manifest"))
 
 
-def open_lake(root: str) -> ConnectionReader:
-    """An in-memory DuckDB with one view per table over the lake's Parquet files, plus the store views."""
+def open_lake(root: str | Sequence[str]) -> ConnectionReader:
+    """An in-memory DuckDB with one view per table over the lake's Parquet files, plus the store views.
+
+    A published lake (a folder with ``_manifest/``, or ``s3://bucket/prefix``) is read through its
+    manifest, and a list of lakes and DuckDB files is read as one store (``store/lake/read.py``);
+    a plain exported folder is read by its layout."""
+    from otel_agenttape.store.lake import is_lake_uri, open_sources
+
+    if not isinstance(root, (str, os.PathLike)):
+        return open_sources(list(root))
+    if is_lake_uri(os.fspath(root)):
+        return open_sources([os.fspath(root)])
     root = os.path.abspath(root)
     con = duckdb.connect(":memory:")
     for table in schema.TABLES:
@@ -242,9 +254,13 @@ def open_reader(source: Any) -> Reader:
         return source
     if isinstance(source, Store):
         return source.reader()
+    if isinstance(source, (list, tuple)):
+        return open_lake(source)
     src = os.fspath(source)
     if src.startswith(("http://", "https://")):
         return HttpReader(src)
+    if src.startswith("s3://") or os.path.isdir(os.path.join(src, "_manifest")):
+        return open_lake(src)
     if os.path.isdir(src):
         if not is_lake(src):
             raise StoreError(f"{src} is a folder but not a Parquet lake (no spans/, run_traces/ or other table folders)")

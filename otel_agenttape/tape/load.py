@@ -204,6 +204,9 @@ def lake_run_traces(reader: Reader) -> str | None:
     """``read_parquet(...)`` over a lake's ``run_traces`` table, if the reader is a lake with an index
     that covers exactly the span files there now (a lake that gained files since its export, from
     ``serve --parquet-dir``, is scanned instead)."""
+    view = getattr(reader, "run_index_view", None)  # a published lake's run index (store/lake/read.py)
+    if view:
+        return str(view)
     if getattr(reader, "kind", None) != "lake":
         return None
     from ..store.parquet import RUN_TRACES, SPAN_FILES_KEY

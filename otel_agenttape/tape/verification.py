@@ -325,6 +325,7 @@ def verify_rows(
     checkpoints: Sequence[SignedCheckpoint] = (),
     key_pinned: bool = False,
     expect: Iterable[tuple[str, int]] = (),
+    retained: dict[tuple[str, int], list[tuple[int, int, str]]] | None = None,
 ) -> list[ChainReport]:
     """Group sealed rows by tape, epoch and trace and verify each group (``expect``: tapes that must exist).
 
@@ -347,7 +348,8 @@ def verify_rows(
         starts = sum(1 for entries in by_trace.values() if any(e.seq == 0 for e in entries))
         if starts < 2:  # one chain (entries moved into another trace are checked against it)
             entries = [e for part in by_trace.values() for e in part]
-            reports.append(verify_chain(cid, ep, entries, checkpoints, key_pinned))
+            reports.append(verify_chain(cid, ep, entries, checkpoints, key_pinned,
+                                        (retained or {}).get((cid, ep), ())))
             continue
         for tid, cps in assign_checkpoints(cid, ep, by_trace, checkpoints).items():
             report = verify_chain(cid, ep, by_trace[tid], cps, key_pinned)
@@ -379,8 +381,10 @@ def verify_store(
                 continue
             if cid == run and c.trusted is not False and c.checkpoint.size > 0:
                 expect.append((cid, ep))
+    lakes = getattr(reader, "lakes", None)  # a lake reader: what its recorded retention removed
+    retained = lakes.retained_ranges() if lakes is not None else None
     with _gc_paused():  # a million acyclic entries: collections would only re-scan them
-        return verify_rows(rows, checkpoints, key_pinned=bool(verifiers), expect=expect)
+        return verify_rows(rows, checkpoints, key_pinned=bool(verifiers), expect=expect, retained=retained)
 
 
 def _names_own_head(cp: Any, entries: dict[int, Entry]) -> bool:

@@ -1,0 +1,72 @@
+"""The lake's CLI commands: ``agenttape lake compact``, ``lake retain`` and ``lake status``.
+
+Thin shells over ``otel_agenttape.store.lake.maintain``; each returns an exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from otel_agenttape.cli import CliError
+
+_AGE = re.compile(r"^\s*(\d+)\s*d?\s*$")
+
+
+def parse_days(text: str) -> int:
+    """``30d`` or ``30``: whole UTC days."""
+    m = _AGE.match(text or "")
+    if not m:
+        raise CliError(f"--older-than {text!r}: give whole days, like 30d")
+    return int(m.group(1))
+
+
+def _call(fn: Any, *a: Any, **kw: Any) -> Any:
+    from otel_agenttape.store.lake.fs import LakeError
+
+    try:
+        return fn(*a, **kw)
+    except (LakeError, OSError, ValueError, RuntimeError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def cmd_compact(args: Any) -> int:
+    from otel_agenttape.store.lake.maintain import compact
+
+    out = _call(compact, args.lake, target_bytes=int(args.target_mb * 1024 * 1024), grace_seconds=args.grace)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"compacted {out['merged_files']} files into {out['written_files']} ({out['rows']} rows); "
+              f"deleted {out['deleted']} files past the grace period; snapshot {out['generation']}")
+    return 0
+
+
+def cmd_retain(args: Any) -> int:
+    from otel_agenttape.store.lake.maintain import retain
+
+    out = _call(retain, args.lake, parse_days(args.older_than), grace_seconds=args.grace)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"removed {out['removed_files']} files ({out['rows']} rows) dated before {out['before']}; "
+              f"recorded {out['chains']} tape ranges as removed by retention; deleted {out['deleted']} files")
+    return 0
+
+
+def cmd_status(args: Any) -> int:
+    from otel_agenttape.store.lake.maintain import status
+
+    out = _call(status, args.lake)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"lake {out['lake']}: snapshot {out['generation']}, {out['uncovered_entries']} entries since")
+    for rid, seq in sorted(out["receivers"].items()):
+        print(f"  receiver {rid}: {seq} batches")
+    for t, v in sorted(out["tables"].items()):
+        print(f"  {t:12} {v['files']:>6} files {v['rows']:>12} rows {v['bytes']:>14} bytes")
+    for r in out["retention"]:
+        print(f"  retention {r['at']}: before {r['before']}, {r['files']} files, {r['rows']} rows")
+    return 0

@@ -1,0 +1,203 @@
+"""Reading one or more lakes (and DuckDB stores) as one store: DuckDB views over the live files.
+
+The file list comes from the manifest (``manifest.load_catalog``), never from a recursive listing.
+A local lake is read by DuckDB's own Parquet reader over that explicit list; an S3 lake through
+``pyarrow.dataset`` over ``S3FileSystem`` registered in DuckDB (filters and projections are pushed
+down to the Parquet row groups either way). Several sources (``open_sources([...])``) are one store:
+each table is the union of its parts, so a run whose child runs were routed to other receivers, or
+published into another lake, rebuilds as one tree.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from otel_agenttape.store import parquet as pqlake
+from otel_agenttape.store import rows, schema, views
+from otel_agenttape.store.lake import manifest as mf
+from otel_agenttape.store.lake.files import RUN_TRACES, RUN_TRACES_SCHEMA
+from otel_agenttape.store.lake.fs import LakeError, LakeFS, is_lake_uri, lake_fs
+
+_RUN_TRACES_COLS = ", ".join(RUN_TRACES_SCHEMA.names)
+
+
+def _q(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _table_schema(table: str) -> pa.Schema:
+    return RUN_TRACES_SCHEMA if table == RUN_TRACES else rows.SCHEMAS[table]
+
+
+def scan_sql(con: duckdb.DuckDBPyConnection, lake: LakeFS, table: str, keys: Sequence[str], name: str) -> str:
+    """A ``SELECT`` over these files of one table (``date`` from the folder name for dated tables)."""
+    cols = ", ".join(_table_schema(table).names)
+    hive = table in pqlake.PARTITIONED
+    if lake.local:
+        paths = "[" + ", ".join(_q(lake.path(k)) for k in keys) + "]"
+        opts = ", hive_partitioning = true, hive_types = {'date': DATE}" if hive else ", hive_partitioning = false"
+        return f"SELECT {cols} FROM read_parquet({paths}{opts}, union_by_name = true)"
+    part = ds.partitioning(pa.schema([("date", pa.date32())]), flavor="hive") if hive else None
+    dataset = ds.dataset(
+        [lake.path(k) for k in keys], filesystem=lake.fs, format="parquet", schema=_table_schema(table),
+        partitioning=part, partition_base_dir=lake.path(table) if hive else None,
+    )
+    con.register(name, dataset)
+    return f"SELECT {cols} FROM {name}"
+
+
+def _lake_sources(con: duckdb.DuckDBPyConnection, cat: mf.Catalog, n: int, missing: set[str]) -> dict[str, str]:
+    """One SQL source per table with live files in this lake (files missing from the lake are left out:
+    verification reports them, reads answer from what is there)."""
+    out: dict[str, str] = {}
+    for table in (*schema.TABLES, RUN_TRACES):
+        files = [f for f in cat.table_files(table) if f["key"] not in missing]
+        if files:
+            out[table] = scan_sql(con, cat.lake, table, [f["key"] for f in files], f"_lake{n}_{table}")
+    return out
+
+
+def _duckdb_sources(con: duckdb.DuckDBPyConnection, path: str, n: int) -> dict[str, str]:
+    alias = f"_store{n}"
+    try:
+        con.execute(f"ATTACH {_q(os.path.abspath(path))} AS {alias} (READ_ONLY)")
+    except duckdb.Error as exc:
+        from otel_agenttape.store.reader import StoreOpenError, open_error_message
+
+        raise StoreOpenError(open_error_message(path, exc) + " (a store held by `agenttape serve` is read through "
+                             "its lake, or its server: --db)") from exc
+    out = {t: f"SELECT {', '.join(schema.column_names(t))} FROM {alias}.main.{t}" for t in schema.TABLES}
+    out[RUN_TRACES] = pqlake.RUN_TRACES_SQL.replace("FROM spans", f"FROM {alias}.main.spans").split(" ORDER BY")[0]
+    return out
+
+
+def _is_export(src: str) -> bool:
+    from otel_agenttape.store.reader import is_lake
+
+    return os.path.isdir(src) and is_lake(src)
+
+
+def _folder_catalog(lake: LakeFS) -> mf.Catalog:
+    """The files of an exported lake folder, listed by walking it (it has no manifest)."""
+    cat = mf.Catalog(lake)
+    for table in (*schema.TABLES, RUN_TRACES):
+        for key, size in lake.list(table).items():
+            if key.endswith(".parquet"):
+                part = key.split("/date=")
+                day = part[1][:10] if len(part) > 1 else None
+                cat.files[key] = {"table": table, "key": key, "bytes": size, "date": day}
+    return cat
+
+
+class LakeSet:
+    """The catalogs a reader was opened over; verification asks it about files and retention."""
+
+    def __init__(self, catalogs: list[mf.Catalog], missing: list[tuple[mf.Catalog, str]]) -> None:
+        self.catalogs = catalogs
+        self.missing = missing  # (catalog, key) of listed files not in the lake when it was opened
+
+    def retained_ranges(self) -> dict[tuple[str, int], list[tuple[int, int, str]]]:
+        out: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
+        for cat in self.catalogs:
+            for k, v in cat.retained_ranges().items():
+                out.setdefault(k, []).extend(v)
+        return out
+
+    def check_files(self, hashes: bool = True) -> list[dict[str, Any]]:
+        """Every live file the manifest lists, checked: missing, another size, another sha256."""
+        problems: list[dict[str, Any]] = [
+            {"file": f"{cat.lake.uri}/{key}", "problem": "missing: listed in the lake manifest but not there"}
+            for cat, key in self.missing]
+        for cat in self.catalogs:
+            recs = sorted(cat.files.values(), key=lambda f: f["key"])
+            sizes = cat.lake.sizes([f["key"] for f in recs]) if recs else {}
+            for f in recs:
+                where = f"{cat.lake.uri}/{f['key']}"
+                size = sizes.get(f["key"])
+                if any(c is cat and k == f["key"] for c, k in self.missing):
+                    continue
+                if size is None:
+                    problems.append({"file": where, "problem": "missing: listed in the lake manifest but not there"})
+                elif size != f["bytes"]:
+                    problems.append({"file": where, "problem": f"size {size} bytes, the manifest says {f['bytes']}: "
+                                                              "edited or replaced"})
+                elif hashes and mf.file_sha256(cat.lake, f["key"]) != f["sha256"]:
+                    problems.append({"file": where, "problem": "sha256 differs from the manifest: edited"})
+        return problems
+
+    def files(self) -> int:
+        return sum(len(c.files) for c in self.catalogs)
+
+
+def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
+    """One reader over lakes (folders with ``_manifest/`` or ``s3://`` URIs) and DuckDB files together."""
+    from otel_agenttape.store.reader import ConnectionReader, StoreError
+
+    if not sources:
+        raise StoreError("no source: give a lake (--lake) or a store")
+    con = duckdb.connect(":memory:")
+    parts: dict[str, list[str]] = {t: [] for t in (*schema.TABLES, RUN_TRACES)}
+    catalogs: list[mf.Catalog] = []
+    missing: list[tuple[mf.Catalog, str]] = []
+    allowed: list[str] = []
+    try:
+        for n, src in enumerate(os.fspath(s) for s in sources):
+            if is_lake_uri(src):
+                lake = lake_fs(src)
+                cat = mf.load_catalog(lake)
+                if not cat.listed:
+                    raise StoreError(f"{src} holds no lake manifest (_manifest/): nothing published there yet")
+                catalogs.append(cat)
+                if lake.local:
+                    allowed.append(lake.base)
+                keys = sorted(cat.files)
+                gone = {k for k, size in (lake.sizes(keys) if keys else {}).items() if size is None}
+                missing.extend((cat, k) for k in sorted(gone))
+                found = _lake_sources(con, cat, n, gone)
+            elif os.path.isfile(src):
+                found = _duckdb_sources(con, src, n)
+            elif _is_export(src):  # a folder written by `export parquet` or `--parquet-dir`: no manifest
+                cat = _folder_catalog(lake_fs(src))
+                allowed.append(cat.lake.base)
+                found = _lake_sources(con, cat, n, set())
+            else:
+                raise StoreError(f"{src} is neither a lake (a folder with _manifest/, or s3://...) nor a DuckDB file")
+            for t, sql in found.items():
+                parts[t].append(sql)
+        for t, sqls in parts.items():
+            if not sqls:
+                if t == RUN_TRACES:
+                    con.execute(f"CREATE TABLE {t} AS SELECT * FROM (SELECT NULL::VARCHAR AS run_id, NULL::VARCHAR AS "
+                                "trace_id, NULL::VARCHAR AS parent_run_id, NULL::BIGINT AS start_time_unix_nano, "
+                                "NULL::BIGINT AS last_start_unix_nano, NULL::BIGINT AS end_time_unix_nano, "
+                                "NULL::BIGINT AS spans) WHERE false")
+                else:
+                    con.execute(schema.table_ddl(t))
+                continue
+            body = " UNION ALL BY NAME ".join(f"({s})" for s in sqls)
+            if t == "resources":  # the same resource reaches several receivers: list it once
+                body = f"SELECT * FROM ({body}) QUALIFY row_number() OVER (PARTITION BY resource_id) = 1"
+            con.execute(f"CREATE VIEW {t} AS {body}")
+        views.create_views(con)
+        con.execute("SET parquet_metadata_cache = true")
+        if allowed:
+            con.execute("SET allowed_directories = [" + ", ".join(_q(a + "/") for a in allowed) + "]")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET autoload_known_extensions = false")
+        con.execute("SET lock_configuration = true")
+    except (duckdb.Error, LakeError) as exc:
+        con.close()
+        raise StoreError(str(exc)) from exc
+    except BaseException:
+        con.close()
+        raise
+    reader = ConnectionReader(con, description=", ".join(os.fspath(s) for s in sources), kind="lake")
+    reader.lakes = LakeSet(catalogs, missing)  # type: ignore[attr-defined]
+    reader.run_index_view = RUN_TRACES  # type: ignore[attr-defined]
+    return reader
