@@ -53,9 +53,11 @@ class QueueingSpanProcessor(SpanProcessor):
     The SDK's BatchSpanProcessor drops the oldest span when its 2048-slot queue is full, which loses
     about 29% of a 5,000-span burst. Here a full queue makes the producer wait up to
     ``enqueue_timeout_millis`` for the worker to make room, but only while the exporter is healthy and
-    the queue is not saturated: once an export fails, or one wait ran out, a full queue drops (counted)
-    at once until it has drained to half, so a span end (with the checkpoint it may emit) waits at
-    most ``enqueue_timeout_millis`` in all, however slow the backend. With an ``outbox``, a full queue
+    the queue is not saturated: once an export fails, or the producers' waits add up to
+    ``enqueue_timeout_millis``, a full queue drops (counted) at once until the backend has caught up
+    (less than a batch queued), so neither a span end (with the checkpoint it may emit) waits at
+    most ``enqueue_timeout_millis`` in all, however slow the backend, nor is the agent held to a slow
+    backend's pace. With an ``outbox``, a full queue
     never waits for the network: the span goes to the outbox's writer; failed requests, and every
     batch while the outbox holds records (to keep the order), are written to the outbox.
 
@@ -91,7 +93,8 @@ class QueueingSpanProcessor(SpanProcessor):
         self._space = threading.Event()
         self._shutdown = False
         self._healthy = True
-        self._saturated = False  # a wait for room ran out: drop (or spill) at once until half drained
+        self._saturated = False  # the waits for room ran out: drop (or spill) at once until caught up
+        self._waited = 0.0  # seconds producers waited for room since the backend last caught up
         self._shutdown_end: float | None = None  # set when shutdown begins (before the final checkpoints)
         self.outbox = outbox
         self._deliver_spans = getattr(exporter, "deliver_spans", None)
@@ -155,24 +158,31 @@ class QueueingSpanProcessor(SpanProcessor):
             self._wake.set()
 
     def _wait_for_space(self) -> bool:
+        """Wait for room, but at most ``enqueue_timeout`` in all (every producer together) until the
+        backend has caught up: a slow receiver frees a slot now and then, and waiting for each of
+        them would hold the agent to the receiver's pace."""
         if (not self._healthy or self._saturated or self._shutdown_end is not None
                 or threading.current_thread() is self._worker):
             return False
         next(self._blocked)
-        deadline = time.monotonic() + self._enqueue_timeout
+        start = time.monotonic()
+        deadline = start + max(0.0, self._enqueue_timeout - self._waited)
         self._wake.set()
-        while len(self._queue) >= self.max_queue_size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._saturated = True  # the next span ends (this call's checkpoint too) do not wait
-                return False
-            if self._shutdown or not self._healthy or self._saturated or self._shutdown_end is not None:
-                return False
-            self._space.clear()
-            if len(self._queue) < self.max_queue_size:
-                break
-            self._space.wait(min(remaining, 0.05))
-        return True
+        try:
+            while len(self._queue) >= self.max_queue_size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._saturated = True  # the next span ends (this call's checkpoint too) do not wait
+                    return False
+                if self._shutdown or not self._healthy or self._saturated or self._shutdown_end is not None:
+                    return False
+                self._space.clear()
+                if len(self._queue) < self.max_queue_size:
+                    break
+                self._space.wait(min(remaining, 0.05))
+            return True
+        finally:
+            self._waited += time.monotonic() - start
 
     # ---- worker side -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -202,8 +212,9 @@ class QueueingSpanProcessor(SpanProcessor):
                 batch = [queue.popleft() for _ in range(count)]
                 self._taken += count
                 self._inflight = batch
-                if self._saturated and len(queue) <= self.max_queue_size // 2:
-                    self._saturated = False
+                if len(queue) < self.max_export_batch_size and (self._saturated or self._waited):
+                    self._saturated = False  # the backend caught up: a full queue may wait again
+                    self._waited = 0.0
             self._space.set()
             sent = self._export(batch)
             with self._lock:
