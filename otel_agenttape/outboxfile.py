@@ -12,6 +12,7 @@ Layout of an outbox folder::
 
     OUTBOX/lane-<16 hex>/lock                    held (flock) by the process that owns the lane
     OUTBOX/lane-<16 hex>/acked                   "<segment> <offset>": the first record not acknowledged
+    OUTBOX/lane-<16 hex>/dropped                 "<spans>": spans dropped because the outbox was full
     OUTBOX/lane-<16 hex>/<20 digits>.seg         segments, in order; each starts with SEGMENT_MAGIC
 
 A record is a 16-byte little-endian header (``RECORD_MAGIC`` u16, kind u8, flags u8, payload length
@@ -46,6 +47,7 @@ SEGMENT_SUFFIX = ".seg"
 LANE_PREFIX = "lane-"
 ACK_FILE = "acked"
 LOCK_FILE = "lock"
+DROPPED_FILE = "dropped"
 MAX_RECORD_BYTES = 256 << 20  # a length beyond this is a torn or corrupt header, not a record
 
 
@@ -141,6 +143,58 @@ def write_ack(lane: str | os.PathLike[str], segment: int, offset: int, fsync: bo
             f.flush()
             os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def read_dropped(lane: str | os.PathLike[str]) -> int:
+    """Spans this lane's writers dropped because the outbox was full (kept across processes)."""
+    try:
+        return int((Path(lane) / DROPPED_FILE).read_text(encoding="ascii").strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def add_dropped(lane: str | os.PathLike[str], n: int) -> None:
+    """Add ``n`` to the lane's count of dropped spans (``agenttape doctor`` reports it)."""
+    path = Path(lane) / DROPPED_FILE
+    tmp = path.with_name(DROPPED_FILE + ".tmp")
+    tmp.write_text(f"{read_dropped(lane) + n}\n", encoding="ascii")
+    os.replace(tmp, path)
+
+
+@dataclass
+class Summary:
+    """What an outbox folder holds, for ``agenttape doctor``."""
+
+    lanes: int = 0
+    lanes_in_use: int = 0
+    records: int = 0
+    spans: int = 0
+    bytes: int = 0
+    torn_bytes: int = 0
+    dropped: int = 0
+
+
+def summarize(root: str | os.PathLike[str]) -> Summary:
+    """Count pending records and spans, torn tails and dropped spans, without changing anything."""
+    out = Summary()
+    for lane in lanes(root):
+        out.lanes += 1
+        fd = try_lock(lane)
+        if fd is None:
+            out.lanes_in_use += 1
+        else:
+            os.close(fd)
+        out.dropped += read_dropped(lane)
+        ack_seg, ack_off = read_ack(lane)
+        for number, path in segments(lane):
+            if number < ack_seg:
+                continue
+            scan = scan_segment(path, number, ack_off if number == ack_seg else 0)
+            out.records += len(scan.records)
+            out.spans += sum(r.items for r in scan.records)
+            out.bytes += sum(r.end - r.offset for r in scan.records)
+            out.torn_bytes += scan.torn_bytes
+    return out
 
 
 def pending(lane: str | os.PathLike[str]) -> Iterator[Record]:
@@ -349,7 +403,7 @@ def remove_lane(lane: Lane) -> None:
     path = lane.path
     for _, seg in segments(path):
         seg.unlink(missing_ok=True)
-    for name in (ACK_FILE, ACK_FILE + ".tmp"):
+    for name in (ACK_FILE, ACK_FILE + ".tmp", DROPPED_FILE, DROPPED_FILE + ".tmp"):
         (path / name).unlink(missing_ok=True)
     (path / LOCK_FILE).unlink(missing_ok=True)
     lane.close()

@@ -25,23 +25,36 @@ def free_port() -> int:
 
 
 class SlowOtlpHttp:
-    """Takes every request, waits ``delay`` seconds, then answers 200 (a receiver that cannot keep up)."""
+    """Takes every request, waits ``delay`` seconds, then answers 200 (a receiver that cannot keep up);
+    while ``down`` it answers 503. ``names`` are the span names received, in order."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, down: bool = False) -> None:
         self.delay = delay
+        self.down = down
         self.spans = 0
         self.requests = 0
+        self.names: list[str] = []
+        self.run_ids: list[str] = []  # of the run spans, in the order received
         self._lock = threading.Lock()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if outer.down:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 req = ExportTraceServiceRequest.FromString(body)
                 time.sleep(outer.delay)
                 with outer._lock:
                     outer.requests += 1
-                    outer.spans += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+                    spans = [s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+                    outer.spans += len(spans)
+                    outer.names.extend(s.name for s in spans)
+                    outer.run_ids.extend(a.value.string_value for s in spans for a in s.attributes
+                                         if a.key == "agenttape.run.id" and s.name.startswith("invoke_agent"))
                 out = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")

@@ -72,6 +72,7 @@ class Outbox:
         self._spill_room = threading.Event()
         self._idle = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._warned_full = -60.0
 
     # ---- writing ---------------------------------------------------------------------------
     def write_requests(self, requests: Sequence[tuple[bytes, int]]) -> int:
@@ -81,12 +82,14 @@ class Outbox:
             for data, n in requests:
                 if self._pending_bytes_locked() + len(data) + outboxfile.HEADER_SIZE > self.max_bytes:
                     self._counts["outbox_dropped_full"] += n
+                    self._note_dropped_locked(n)
                     continue
                 try:
                     self.lane.append(outboxfile.KIND_TRACES, n, data, fsync=self.fsync)
                 except OSError as exc:
                     self._counts["outbox_write_errors"] += 1
                     self._counts["outbox_dropped_full"] += n
+                    self._note_dropped_locked(n)
                     _log.warning("agenttape outbox: cannot write %s: %s (%d spans dropped)", self.path, exc, n)
                     continue
                 written += n
@@ -95,6 +98,17 @@ class Outbox:
         if written:
             self._wake.set()
         return written
+
+    def _note_dropped_locked(self, n: int) -> None:
+        try:
+            outboxfile.add_dropped(self.lane.path, n)
+        except OSError:
+            pass
+        now = time.monotonic()
+        if now - self._warned_full >= 60.0:
+            self._warned_full = now
+            _log.warning("agenttape outbox %s is full (max_bytes %d): spans are dropped (outbox_dropped_full)",
+                         self.path, self.max_bytes)
 
     def write_spans(self, spans: Sequence[ReadableSpan]) -> tuple[int, int]:
         """Encode and append; ``(spans written, spans too large for one request)``."""
