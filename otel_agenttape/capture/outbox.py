@@ -33,7 +33,7 @@ DEFAULT_MAX_BYTES = 256 << 20
 DEFAULT_SEGMENT_BYTES = 8 << 20
 FSYNC_POLICIES = ("batch", "none")
 RETRY_INITIAL_S = 0.5
-RETRY_MAX_S = 15.0
+RETRY_MAX_S = 5.0
 ADOPT_EVERY_S = 5.0
 _COUNTERS = ("outbox_active", "outbox_spans_written", "outbox_records_written", "outbox_spans_delivered",
              "outbox_spans_pending", "outbox_bytes", "outbox_dropped_full", "outbox_write_errors",
