@@ -24,6 +24,7 @@ appends, so it never affects the records before it.
 
 from __future__ import annotations
 
+import collections
 import errno
 import os
 import secrets
@@ -231,7 +232,8 @@ class Lane:
         self.segment_bytes = segment_bytes
         self.torn_bytes = 0
         self._ack = read_ack(path)
-        self._records: list[Record] = []  # pending records, metadata only (payload read on demand)
+        self._records: collections.deque[Record] = collections.deque()  # pending, metadata only
+        self._items = self._bytes = 0
         segs = segments(path)
         for number, seg_path in segs:
             if number < self._ack[0]:
@@ -241,7 +243,8 @@ class Lane:
             if scan.torn_bytes:
                 self.torn_bytes += scan.torn_bytes
                 _truncate(seg_path, max(scan.good_end, 0))
-            self._records.extend(Record(r.segment, r.offset, r.end, r.kind, r.items, b"") for r in scan.records)
+            for r in scan.records:
+                self._keep(Record(r.segment, r.offset, r.end, r.kind, r.items, b""))
         live = [n for n, _ in segments(path)]
         self._segment = live[-1] if live else max(self._ack[0], 1)
         self._file = None
@@ -282,8 +285,13 @@ class Lane:
                 pass
             raise
         self._size = start + len(blob)
-        self._records.append(Record(self._segment, start, self._size, kind, items, b""))
+        self._keep(Record(self._segment, start, self._size, kind, items, b""))
         return len(blob)
+
+    def _keep(self, meta: Record) -> None:
+        self._records.append(meta)
+        self._items += meta.items
+        self._bytes += meta.end - meta.offset
 
     # ---- reading and acknowledging ---------------------------------------------------------
     @property
@@ -292,11 +300,11 @@ class Lane:
 
     @property
     def pending_items(self) -> int:
-        return sum(r.items for r in self._records)
+        return self._items
 
     @property
     def pending_bytes(self) -> int:
-        return sum(r.end - r.offset for r in self._records)
+        return self._bytes
 
     def first(self) -> Record | None:
         """The oldest record not acknowledged, with its payload."""
@@ -311,8 +319,11 @@ class Lane:
 
     def ack_first(self, fsync: bool = True) -> None:
         """The oldest record was delivered: move the acknowledged offset past it, drop spent segments."""
-        meta = self._records.pop(0)
+        meta = self._records[0]
         write_ack(self.path, meta.segment, meta.end, fsync)
+        self._records.popleft()
+        self._items -= meta.items
+        self._bytes -= meta.end - meta.offset
         self._ack = (meta.segment, meta.end)
         nxt = self._records[0].segment if self._records else self._segment
         for number, seg_path in segments(self.path):
@@ -323,6 +334,16 @@ class Lane:
             for number, seg_path in segments(self.path):
                 if number < self._segment:
                     seg_path.unlink(missing_ok=True)
+
+    def forget(self) -> None:
+        """In a forked child: drop the inherited handles without touching the parent's lock or files."""
+        self._file = None
+        if self._lock_fd is not None:
+            try:
+                os.close(self._lock_fd)  # the parent's descriptor of the same lock stays: it keeps the lane
+            except OSError:
+                pass
+            self._lock_fd = None
 
     def close(self) -> None:
         if self._file is not None:

@@ -239,3 +239,31 @@ def test_agenttape_ingest_loads_an_outbox_folder(tmp_path):
     bad = subprocess.run([*cli, str(empty), "--db", str(db)], capture_output=True, text=True, env=free_env(),
                          timeout=60)
     assert bad.returncode != 0 and "not an outbox" in bad.stderr
+
+
+def test_a_forked_child_writes_its_own_lane(tmp_path):
+    box = tmp_path / "outbox"
+    tape = otel_agenttape.setup(f"http://127.0.0.1:{free_port()}", seal=False, outbox=box, timeout=0.5)
+    with tape.run(agent="parent", run_id="p-0"):
+        pass
+    pid = os.fork()
+    if pid == 0:  # the child: record, shut down, leave without running the parent's exit hooks
+        code = 1
+        try:
+            before = tape.stats()["spans_to_outbox"]  # the counters are inherited
+            for i in range(20):
+                with tape.run(agent="child", run_id=f"c-{i}"):
+                    pass
+            tape.shutdown()
+            code = 0 if tape.stats()["spans_to_outbox"] - before == 20 else 3
+        finally:
+            os._exit(code)
+    for i in range(1, 20):
+        with tape.run(agent="parent", run_id=f"p-{i}"):
+            pass
+    _, status = os.waitpid(pid, 0)
+    tape.shutdown()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert tape.stats()["spans_to_outbox"] == 20
+    assert len(outboxfile.lanes(box)) == 2
+    assert len(set(outbox_keys(box))) == 40

@@ -129,6 +129,11 @@ class QueueingSpanProcessor(SpanProcessor):
         # The child inherits the parent's queued spans but not its worker thread.
         self._queue.clear()
         self._reset_export_state()
+        if self.outbox is not None:
+            try:
+                self.outbox = self.outbox.forked()
+            except Exception:  # noqa: BLE001 - the child then records without an outbox
+                self.outbox = None
         self._wake = threading.Event()
         self._space = threading.Event()
         self._start_worker()

@@ -278,6 +278,16 @@ class Outbox:
             time.sleep(0.05)
         return not self.backlog()
 
+    def forked(self) -> "Outbox":
+        """The outbox for a forked child: a lane of its own (the parent keeps writing its lane)."""
+        for lane in self._lanes_locked():
+            lane.forget()
+        child = Outbox(self.path, deliver=self._deliver, max_bytes=self.max_bytes,
+                       fsync="batch" if self.fsync else "none", segment_bytes=self._segment_bytes,
+                       max_request_bytes=self.max_request_bytes, spill_capacity=self._spill_capacity)
+        child.start()
+        return child
+
     def close(self, deadline: float | None = None) -> None:
         """Write what the writer thread holds, stop re-sending, release the lane (records stay)."""
         self._stop.set()

@@ -251,7 +251,7 @@ def build_processor_chain(
     queue = QueueingSpanProcessor(exporter, stats=stats, outbox=outbox, **dict(queue_options or {}))
     stats.add_source(queue.stats_source)
     if outbox is not None:
-        stats.add_source(outbox.counts)
+        stats.add_source(lambda: queue.outbox.counts() if queue.outbox is not None else {})
         outbox.start()
     partial = getattr(exporter, "partial_success", None)
     if partial is not None and callable(getattr(partial, "counts", None)):
