@@ -46,6 +46,7 @@ class Sent:
     too_large: int = 0
     splits: int = 0
     undelivered: list[tuple[bytes, int]] = field(default_factory=list)
+    routed: bool = False  # not tried: queued behind the outbox's records
 
     @property
     def kept(self) -> int:

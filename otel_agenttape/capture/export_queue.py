@@ -228,11 +228,17 @@ class QueueingSpanProcessor(SpanProcessor):
                 self._inflight = None
             ok = self._settle(sent, count)
             with self._lock:
-                self._settle_locked(count, ok)
+                if sent.routed:  # not an export attempt: the receiver's health is the outbox's to tell
+                    self._notify_locked(self._taken - count, self._taken, False)
+                else:
+                    self._settle_locked(count, ok)
 
     def _may_export_locked(self) -> bool:
         """During shutdown: export only while the exporter works and the deadline is ahead."""
-        return self._healthy and not self._exporter_stopped and time.monotonic() < self._export_deadline
+        healthy = self._healthy
+        if not healthy and self.outbox is not None:
+            healthy = self.outbox.receiver_ok and not self.outbox.backlog()  # it came back since
+        return healthy and not self._exporter_stopped and time.monotonic() < self._export_deadline
 
     def _export(self, batch: list[ReadableSpan]) -> Sent:
         """Deliver a batch (or, while the outbox holds records, queue it behind them): what became of it."""
@@ -246,7 +252,9 @@ class QueueingSpanProcessor(SpanProcessor):
                 pass
         outbox = self.outbox
         if outbox is not None and outbox.backlog():
-            return self._for_outbox(batch)
+            sent = self._for_outbox(batch)
+            sent.routed = True
+            return sent
         token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
         try:
             if self._deliver_spans is not None:

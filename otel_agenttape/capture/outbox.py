@@ -73,6 +73,7 @@ class Outbox:
         self._idle = threading.Event()
         self._threads: list[threading.Thread] = []
         self._warned_full = -60.0
+        self.receiver_ok = False  # the last re-send was acknowledged
 
     # ---- writing ---------------------------------------------------------------------------
     def write_requests(self, requests: Sequence[tuple[bytes, int]]) -> int:
@@ -245,9 +246,11 @@ class Outbox:
                     _log.debug("agenttape outbox: re-send failed: %s", exc)
                     sent = None
                 if sent is None or sent.undelivered:
+                    self.receiver_ok = False
                     with self._lock:
                         self._counts["outbox_resend_failures"] += 1
                     return sent_any
+                self.receiver_ok = True
                 with self._lock:
                     try:
                         lane.ack_first(fsync=self.fsync)
