@@ -226,12 +226,13 @@ class QueueingSpanProcessor(SpanProcessor):
                 if self._inflight is not batch:  # shutdown gave up on it and counted it
                     return
                 self._inflight = None
+                end = self._taken  # the batch's sequence numbers are [end - count, end)
             ok = self._settle(sent, count)
             with self._lock:
                 if sent.routed:  # not an export attempt: the receiver's health is the outbox's to tell
-                    self._notify_locked(self._taken - count, self._taken, False)
+                    self._notify_locked(end - count, end, False)
                 else:
-                    self._settle_locked(count, ok)
+                    self._settle_locked(count, ok, not sent.undelivered, end)
 
     def _may_export_locked(self) -> bool:
         """During shutdown: export only while the exporter works and the deadline is ahead."""
@@ -286,13 +287,13 @@ class QueueingSpanProcessor(SpanProcessor):
             counts["spans_export_failed"] += kept - written
         return not (kept or sent.refused or sent.too_large)
 
-    def _settle_locked(self, count: int, ok: bool) -> None:
+    def _settle_locked(self, count: int, ok: bool, delivered: bool, end: int) -> None:
         counts = self._counts
         counts["export_batches"] += 1
         if not ok:
             counts["export_failures"] += 1
-        self._healthy = ok
-        self._notify_locked(self._taken - count, self._taken, ok)
+        self._healthy = delivered  # a span too large or refused says nothing about the receiver's health
+        self._notify_locked(end - count, end, ok)
 
     def _notify_locked(self, start: int, end: int, ok: bool) -> None:
         """Spans [start, end) are settled: release the flush callers waiting for them."""

@@ -74,12 +74,15 @@ class Outbox:
         self._threads: list[threading.Thread] = []
         self._warned_full = -60.0
         self.receiver_ok = False  # the last re-send was acknowledged
+        self._closed = False
 
     # ---- writing ---------------------------------------------------------------------------
     def write_requests(self, requests: Sequence[tuple[bytes, int]]) -> int:
         """Append encoded requests; returns the spans written (the rest: outbox full, counted)."""
         written = 0
         with self._lock:
+            if self._closed:  # a late export after shutdown: its spans were already written or counted
+                return 0
             for data, n in requests:
                 if self._pending_bytes_locked() + len(data) + outboxfile.HEADER_SIZE > self.max_bytes:
                     self._counts["outbox_dropped_full"] += n
@@ -302,6 +305,7 @@ class Outbox:
         if self._spill:
             self._drain_spill()
         with self._lock:
+            self._closed = True
             for lane in self._lanes_locked():
                 lane.close()
 
