@@ -150,3 +150,27 @@ def test_stats_tell_agent_spans_from_checkpoints_and_count_each_span_once():
     outcomes = (stats["spans_exported"] + stats["spans_export_failed"] + stats["spans_dropped_shutdown"]
                 + stats["spans_dropped_too_large"] + stats["spans_to_outbox"])
     assert outcomes == stats["spans_queued"]
+
+
+def test_with_an_outbox_a_slow_receiver_costs_no_span_and_shutdown_keeps_its_bound(tmp_path):
+    slow = SlowOtlpHttp(delay=0.5)
+    try:
+        tape = otel_agenttape.setup(slow.url, seal=False, outbox=tmp_path / "outbox", queue_options={
+            "max_queue_size": 64, "max_export_batch_size": 16, "shutdown_timeout_millis": 3000})
+        start = time.monotonic()
+        for i in range(2000):
+            with tape.run(agent="a", run_id=f"r{i}") as run:
+                run.set_output("ok")
+        produced = time.monotonic() - start
+        start = time.monotonic()
+        tape.shutdown()
+        took = time.monotonic() - start
+        stats = tape.stats()
+    finally:
+        slow.close()
+    assert produced < 15, produced
+    assert took < 3 + 2, took
+    assert stats["spans_dropped_queue_full"] == stats["spans_dropped_shutdown"] == stats["outbox_dropped_full"] == 0
+    # what the receiver did not take yet is in the outbox, for this or the next process to send
+    assert stats["spans_exported"] + stats["outbox_spans_delivered"] + stats["outbox_spans_pending"] == 2000
+    assert stats["spans_spilled"] > 0
