@@ -317,14 +317,32 @@ class Lane:
             payload = f.read(meta.end - meta.offset - HEADER_SIZE)
         return Record(meta.segment, meta.offset, meta.end, meta.kind, meta.items, payload)
 
-    def ack_first(self, fsync: bool = True) -> None:
-        """The oldest record was delivered: move the acknowledged offset past it, drop spent segments."""
-        meta = self._records[0]
-        write_ack(self.path, meta.segment, meta.end, fsync)
-        self._records.popleft()
-        self._items -= meta.items
-        self._bytes -= meta.end - meta.offset
-        self._ack = (meta.segment, meta.end)
+    def first_records(self, max_bytes: int) -> list[Record]:
+        """The oldest records not acknowledged, with their payloads: as many as fit in ``max_bytes``
+        of payload (at least one), in order."""
+        out: list[Record] = []
+        total = 0
+        for meta in self._records:
+            size = meta.end - meta.offset - HEADER_SIZE
+            if out and (total + size > max_bytes or meta.kind != out[0].kind):
+                break
+            path = self.path / f"{meta.segment:020d}{SEGMENT_SUFFIX}"
+            with open(path, "rb") as f:
+                f.seek(meta.offset + HEADER_SIZE)
+                out.append(Record(meta.segment, meta.offset, meta.end, meta.kind, meta.items, f.read(size)))
+            total += size
+        return out
+
+    def ack_first(self, fsync: bool = True, count: int = 1) -> None:
+        """The oldest ``count`` records were delivered: move the acknowledged offset past them, drop
+        spent segments."""
+        last = self._records[count - 1]
+        write_ack(self.path, last.segment, last.end, fsync)
+        for _ in range(count):
+            meta = self._records.popleft()
+            self._items -= meta.items
+            self._bytes -= meta.end - meta.offset
+        self._ack = (last.segment, last.end)
         nxt = self._records[0].segment if self._records else self._segment
         for number, seg_path in segments(self.path):
             if number < nxt and number != self._segment:

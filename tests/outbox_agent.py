@@ -34,8 +34,12 @@ def main() -> None:
     p.add_argument("--max-bytes", type=int, default=None)
     p.add_argument("--timeout", type=float, default=2.0)
     p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--debug", action="store_true", help="log the outbox's re-send attempts on stderr")
     args = p.parse_args()
     logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
+    if args.debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(relativeCreated)d %(name)s %(message)s")
+        logging.getLogger("otel_agenttape.capture").setLevel(logging.DEBUG)
     opts = {"max_bytes": args.max_bytes} if args.max_bytes else None
     tape = otel_agenttape.setup(args.endpoint, args.protocol, outbox=args.outbox, outbox_options=opts,
                                 timeout=args.timeout, insecure=True if args.protocol == "grpc" else None,

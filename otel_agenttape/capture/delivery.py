@@ -164,6 +164,8 @@ def _attempt(data: bytes, send_once: SendOnce, deadline: float, retry: bool,
         except Exception as exc:  # noqa: BLE001 - a transport failure is a failed attempt, never raised
             outcome, rejected, why = Outcome.RETRY, 0, f"{type(exc).__name__}: {exc}"
         if outcome is not Outcome.RETRY or not retry:
+            if outcome is not Outcome.OK:
+                _log.debug("export: %s (%s)", outcome.value, why)
             if outcome is Outcome.REFUSED:
                 _log.warning("the OTLP receiver refused a request: %s", why)
             return outcome, rejected

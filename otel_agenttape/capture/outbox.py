@@ -236,19 +236,21 @@ class Outbox:
                     if lane is None:
                         self._retire_adopted_locked()
                         return sent_any if sent_any else None
-                    try:
-                        record = lane.first()
+                    try:  # consecutive records in one request: concatenated OTLP requests are one request
+                        records = lane.first_records(self.max_request_bytes)
                     except OSError as exc:
                         _log.warning("agenttape outbox: cannot read %s: %s", lane.path, exc)
                         return sent_any
                 if self._stop.is_set():
                     return sent_any
+                items = sum(r.items for r in records)
                 try:
-                    sent = self._deliver([(record.payload, record.items)])
+                    sent = self._deliver([(b"".join(r.payload for r in records), items)])
                 except Exception as exc:  # noqa: BLE001 - a failed attempt, tried again later
                     _log.debug("agenttape outbox: re-send failed: %s", exc)
                     sent = None
                 if sent is None or sent.undelivered:
+                    _log.debug("agenttape outbox: the receiver did not take %d records (%d spans)", len(records), items)
                     self.receiver_ok = False
                     with self._lock:
                         self._counts["outbox_resend_failures"] += 1
@@ -256,7 +258,7 @@ class Outbox:
                 self.receiver_ok = True
                 with self._lock:
                     try:
-                        lane.ack_first(fsync=self.fsync)
+                        lane.ack_first(fsync=self.fsync, count=len(records))
                     except OSError as exc:  # the record stays: it is sent again (dedup'd)
                         _log.warning("agenttape outbox: cannot acknowledge in %s: %s", lane.path, exc)
                         return sent_any
