@@ -212,8 +212,9 @@ def run_demo_agents(tape: Any, model: Any | None = None, tools: Any | None = Non
 
 
 def run_demo(db: str, *, out: Any = None, keep_going: bool = True) -> dict[str, Any]:
-    """Start a receiver on free loopback ports, record the demo through the real OTLP exporter,
-    wait until every span is stored, and report what is in the store."""
+    """Start a receiver on free loopback ports, record the demo through the real OTLP exporter (with
+    the outbox ``<db>.outbox``, or ``$AGENTTAPE_OUTBOX``), wait until every span is stored, and report
+    what is in the store."""
     import sys
     import time
 
@@ -225,10 +226,16 @@ def run_demo(db: str, *, out: Any = None, keep_going: bool = True) -> dict[str, 
     server = TapeServer(db, host="127.0.0.1", http_port=0, grpc_port=0)
     server.start()
     try:
+        import os
+
+        # the outbox is on: a span the receiver cannot take now is kept next to the store and re-sent
+        box = os.environ.get("AGENTTAPE_OUTBOX") or f"{db}.outbox"
         tape = setup(endpoint=f"http://127.0.0.1:{server.http_port}", protocol="http/protobuf",
-                     service_name="agenttape-demo")
+                     service_name="agenttape-demo", outbox=box)
         try:
             result = run_demo_agents(tape)
+            tape.force_flush(30000)
+            tape.outbox.wait_drained(30)
         finally:
             tape.shutdown()
         stats = tape.stats()

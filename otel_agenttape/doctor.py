@@ -119,6 +119,25 @@ def _scrape(url: str, token: str | None) -> dict[str, float]:
     return totals
 
 
+def _outbox() -> Check | None:
+    """The outbox named by ``AGENTTAPE_OUTBOX``: spans waiting to be re-sent, and spans it dropped."""
+    from otel_agenttape import outboxfile
+
+    path = os.environ.get("AGENTTAPE_OUTBOX")
+    if not path:
+        return None
+    try:
+        s = outboxfile.summarize(path)
+    except (OSError, ValueError) as exc:
+        return Check("outbox", False, f"{path}: cannot read it: {exc}")
+    detail = (f"{path}: {s.spans} spans in {s.records} records waiting to be re-sent ({s.bytes} bytes, "
+              f"{s.lanes} lanes, {s.lanes_in_use} held by a running process), {s.dropped} dropped because it "
+              f"was full, {s.torn_bytes} torn bytes")
+    if s.spans and not s.lanes_in_use:
+        detail += f"; deliver them with `agenttape ingest {path}` or by starting an agent with this outbox"
+    return Check("outbox", s.dropped == 0, detail, s.__dict__)
+
+
 def _served(db: str, info: dict[str, Any]) -> list[Check]:
     url, token = info.get("url"), info.get("token")
     checks: list[Check] = []
@@ -176,6 +195,9 @@ def diagnose(db: str) -> list[Check]:
     key = _signing_key()
     if key is not None:
         checks.append(key)
+    box = _outbox()
+    if box is not None:
+        checks.append(box)
     info = read_discovery(db)
     if info is not None:
         checks += _served(db, info)

@@ -162,7 +162,7 @@ def test_a_request_over_the_size_limit_is_refused_not_sent(collector, caplog):
     with caplog.at_level(logging.WARNING):
         assert exporter.export([span({"text": "x" * 500})]) is SpanExportResult.FAILURE
     assert _Collector.bodies == []
-    assert "exceeds max_request_size" in caplog.text
+    assert "exceeds the request size limit of 100 bytes" in caplog.text
     exporter.shutdown()
 
 

@@ -36,6 +36,11 @@ def test_demo_records_a_verified_tree(tmp_path):
         con.close()
     assert kinds == {"run": 3, "model": 5, "tool": 3}
     assert retries == 1 and reasoning == 5 and texts > 5
+    # the demo records with the outbox on: it is there, and nothing is left in it
+    from otel_agenttape import outboxfile
+
+    box = outboxfile.summarize(tmp_path / "demo.duckdb.outbox")
+    assert box.lanes == 1 and box.spans == 0 and box.dropped == 0
 
 
 def test_demo_human_output_names_next_steps(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "otel_agenttape"
 
 LAYER = {
-    "semconv": 0, "anyvalue": 0, "atomicfile": 0, "native": 0,
+    "semconv": 0, "anyvalue": 0, "atomicfile": 0, "native": 0, "outboxfile": 0,
     "integrity": 1, "resume": 1,
     "capture": 2, "store": 2,
     "receiver": 3, "tape": 3, "sessions": 3,

@@ -1,15 +1,19 @@
-"""The official OTLP span exporters (HTTP and gRPC), with requests encoded by ``otlp_wire``.
+"""The official OTLP span exporters (HTTP and gRPC), with requests encoded by ``otlp_wire`` and
+delivered by ``delivery``.
 
-Everything but the encoding is the SDK exporters' own: endpoint and header resolution, the
-``OTEL_EXPORTER_OTLP_*`` variables, compression, TLS, retries with backoff (and gRPC reconnects),
-the request size limit and their self-metrics. The wire bytes are the same the SDK encoder produces (tests compare them);
-they cost about a third of the CPU. Should a later exporter release move the internals this relies
-on, or should encoding ever fail, the export falls back to the SDK's own path.
+The SDK exporters' own parts are kept: endpoint and header resolution, the ``OTEL_EXPORTER_OTLP_*``
+variables, compression, TLS, the HTTP transport and gRPC channel, and their self-metrics. The wire
+bytes are the same the SDK encoder produces (tests compare them); they cost about a third of the CPU.
+Ours are the request size bound (``max_request_bytes``, split on 413), the retries (with backoff,
+within the exporter's ``timeout``, ended at once by ``shutdown``) and the account of every span
+(``deliver_spans``), which the export queue and the outbox read. Should a later exporter release move
+the internals this relies on, the export falls back to the SDK's own path.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -21,16 +25,19 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from otel_agenttape.capture.delivery import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    Outcome,
+    Sent,
+    deliver,
+    encode_bounded,
+)
 from otel_agenttape.capture.otlp_wire import encode_trace_request
 
-try:  # internals of opentelemetry-exporter-otlp-proto-http >= 1.45
-    from opentelemetry.exporter.otlp.proto.http._common import (
-        RequestPayloadTooLargeError,
-        _is_request_too_large,
-    )
-    from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
-except ImportError:  # pragma: no cover - depends on the installed exporter
-    _is_request_too_large = None  # type: ignore[assignment]
+try:
+    from grpc import RpcError, StatusCode
+except ImportError:  # pragma: no cover - grpcio is a dependency
+    RpcError = StatusCode = None  # type: ignore[assignment,misc]
 
 _logger = logging.getLogger(__name__)
 _WARN_EVERY_S = 60.0
@@ -45,102 +52,140 @@ class _PartialSuccess:
         self.rejected = 0
         self._warned_at = -_WARN_EVERY_S
 
-    def note(self, response: Any) -> None:
+    def note(self, response: Any) -> int:
         if response is None or not response.HasField("partial_success"):
-            return
+            return 0
         n = response.partial_success.rejected_spans
         if n <= 0:
-            return
+            return 0
         self.rejected += n
         now = time.monotonic()
         if now - self._warned_at >= _WARN_EVERY_S:
             self._warned_at = now
             _logger.warning("the OTLP receiver rejected %d span(s) of a request (%d so far): %s", n,
                             self.rejected, response.partial_success.error_message or "no reason given")
+        return n
 
-    def note_body(self, body: bytes | None) -> None:
+    def note_body(self, body: bytes | None) -> int:
         if not body:
-            return
+            return 0
         try:
-            self.note(ExportTraceServiceResponse.FromString(body))
+            return self.note(ExportTraceServiceResponse.FromString(body))
         except Exception:  # noqa: BLE001 - not an OTLP response (a proxy's page, JSON): nothing to count
-            pass
+            return 0
 
     def counts(self) -> dict[str, int]:
         return {"spans_rejected": self.rejected}
 
 
-class _LastResult:
-    """The HTTP transport of the SDK's client, keeping the last result so its body can be read."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.last: Any = None
-
-    def request(self, *args: Any, **kwargs: Any) -> Any:
-        self.last = None
-        self.last = result = self._inner.request(*args, **kwargs)
-        return result
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+def _encode(spans: Sequence[ReadableSpan]) -> bytes:
+    try:
+        return encode_trace_request(spans)
+    except Exception:  # noqa: BLE001 - the SDK encoder, which raises on what cannot be encoded at all
+        return encode_spans(spans).SerializePartialToString()
 
 
-class TapeOtlpHttpSpanExporter(OTLPSpanExporter):
-    """``OTLPSpanExporter`` (HTTP/protobuf) whose request encoding is ``encode_trace_request``."""
+def _http_outcome(status: int) -> Outcome:
+    if 200 <= status < 300:
+        return Outcome.OK
+    if status == 413:
+        return Outcome.TOO_LARGE
+    if status in (408, 429) or status >= 500:
+        return Outcome.RETRY
+    if status in (401, 403, 404):
+        return Outcome.KEEP
+    return Outcome.REFUSED
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+
+class _Delivering:
+    """What both exporters add: byte-bounded requests, one account of every span, a prompt stop."""
+
+    max_request_bytes: int
+    _stop: threading.Event
+
+    def _init_delivery(self, max_request_bytes: int | None) -> None:
         self.partial_success = _PartialSuccess()
-        client = getattr(self, "_client", None)
-        self._last = None
-        if client is not None and hasattr(client, "_transport"):
-            self._last = client._transport = _LastResult(client._transport)
+        self.max_request_bytes = DEFAULT_MAX_REQUEST_BYTES if max_request_bytes is None else int(max_request_bytes)
+        self._stop = threading.Event()
 
-    def _note_response(self) -> None:
-        last = self._last.last if self._last is not None else None
-        if last is None:
-            return
-        try:
-            body = last.content()
-        except Exception:  # noqa: BLE001 - no body to read
-            return
-        self.partial_success.note_body(body)
+    def send_once(self, data: bytes, timeout: float) -> tuple[Outcome, int, str]:
+        raise NotImplementedError
 
-    def _fast_path_ready(self) -> bool:
-        return (_is_request_too_large is not None and not getattr(self, "_shutdown", True)
-                and hasattr(self, "_client") and hasattr(self, "_metrics")
-                and hasattr(self, "_max_request_size"))
+    def _timeout_s(self) -> float:
+        raise NotImplementedError
+
+    def deliver_requests(self, requests: list[tuple[bytes, int]], *, retry: bool = True,
+                         timeout: float | None = None) -> Sent:
+        """Send serialized requests in order (split on 413); see ``delivery.deliver``."""
+        return deliver(requests, self.send_once, timeout=self._timeout_s() if timeout is None else timeout,
+                       retry=retry, stop=self._stop)
+
+    def deliver_spans(self, spans: Sequence[ReadableSpan], *, retry: bool = True) -> Sent:
+        """Encode into requests of at most ``max_request_bytes`` and deliver them."""
+        metrics = getattr(self, "_metrics", None)
+        requests, too_large = encode_bounded(spans, self.max_request_bytes, _encode)
+        if metrics is None:
+            sent = self.deliver_requests(requests, retry=retry)
+        else:
+            with metrics.export_operation(len(spans)) as result:
+                sent = self.deliver_requests(requests, retry=retry)
+                if sent.undelivered or sent.refused:
+                    result.error = RuntimeError(f"{sent.kept + sent.refused} span(s) not delivered")
+        sent.too_large += too_large
+        return sent
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        result = self._export(spans)
-        if result is SpanExportResult.SUCCESS:
-            self._note_response()
-        return result
+        if self._stop.is_set():
+            return SpanExportResult.FAILURE
+        sent = self.deliver_spans(spans)
+        ok = not sent.undelivered and not sent.refused and not sent.too_large
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
-    def _export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if not self._fast_path_ready():
-            return super().export(spans)
-        try:
-            data = encode_trace_request(spans)
-        except Exception:  # noqa: BLE001 - the SDK path encodes (and reports) it its own way
-            return super().export(spans)
-        with self._metrics.export_operation(len(spans)) as result:
-            if _is_request_too_large(data, self._max_request_size):
-                _logger.warning("Dropping span batch: serialized size %d bytes exceeds max_request_size %d bytes.",
-                                len(data), self._max_request_size)
-                result.error = RequestPayloadTooLargeError(
-                    f"Serialized span request size {len(data)} bytes exceeds max_request_size "
-                    f"{self._max_request_size} bytes."
-                )
-                return SpanExportResult.FAILURE
-            export_result = self._client.export(data)
-            if not export_result.success:
-                result.error = export_result.error
-                status = getattr(export_result, "status_code", None)
-                result.error_attrs = {HTTP_RESPONSE_STATUS_CODE: status} if status is not None else None
-                return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
+
+class TapeOtlpHttpSpanExporter(_Delivering, OTLPSpanExporter):
+    """``OTLPSpanExporter`` (HTTP/protobuf) whose requests are encoded by ``encode_trace_request``,
+    bounded in bytes and sent through the SDK's HTTP transport."""
+
+    def __init__(self, *args: Any, max_request_bytes: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_delivery(max_request_bytes)
+        sdk_limit = getattr(self, "_max_request_size", 0) or 0
+        if sdk_limit > 0 and (self.max_request_bytes <= 0 or sdk_limit < self.max_request_bytes):
+            self.max_request_bytes = sdk_limit  # the SDK's own max_request_size, when smaller
+        client = getattr(self, "_client", None)
+        self._ready = all(hasattr(client, a) for a in ("_transport", "_endpoint", "_headers", "_compress"))
+
+    def _timeout_s(self) -> float:
+        return float(getattr(self._client, "_timeout", 10.0))
+
+    def send_once(self, data: bytes, timeout: float) -> tuple[Outcome, int, str]:
+        """One POST, no retry: what the receiver said of it."""
+        if not self._ready:
+            return Outcome.RETRY, 0, "the installed exporter has no transport to send through"
+        client = self._client
+        result = client._transport.request("POST", client._endpoint, headers=client._headers,
+                                           data=client._compress(data), timeout=max(0.01, timeout))
+        status = result.status_code
+        if status is None:
+            return Outcome.RETRY, 0, str(result.error or "no response")
+        outcome = _http_outcome(status)
+        rejected = 0
+        if outcome is Outcome.OK:
+            try:
+                rejected = self.partial_success.note_body(result.content())
+            except Exception:  # noqa: BLE001 - no body to read
+                pass
+        return outcome, rejected, f"HTTP {status} {result.reason or ''}".strip()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not self._ready:
+            return OTLPSpanExporter.export(self, spans)
+        return _Delivering.export(self, spans)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if not getattr(self, "_shutdown", False):
+            OTLPSpanExporter.shutdown(self)
 
 
 _EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -155,29 +200,55 @@ class _SerializedTraceStub:
             _EXPORT_METHOD, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
         )
         self._partial = partial
+        self.last_rejected = 0
 
     def Export(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - the gRPC stub's method name
         response = self._export(*args, **kwargs)
         try:
-            self._partial.note(response)
+            self.last_rejected = self._partial.note(response)
         except Exception:  # noqa: BLE001 - counting never fails an export
             pass
         return response
 
+    def send(self, data: bytes, metadata: Any, timeout: float) -> int:
+        """One call; the spans the receiver rejected (partial success). Raises ``RpcError``."""
+        response = self._export(data, metadata=metadata, timeout=timeout)
+        return self._partial.note(response)
 
-class TapeOtlpGrpcSpanExporter(GrpcSpanExporter):
-    """``OTLPSpanExporter`` (gRPC) whose request encoding is ``encode_trace_request``."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+_GRPC_RETRY = ("CANCELLED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "OUT_OF_RANGE", "UNAVAILABLE",
+               "DATA_LOSS")
+
+
+def _grpc_outcome(code: Any, details: str) -> Outcome:
+    name = getattr(code, "name", str(code))
+    if name == "RESOURCE_EXHAUSTED" and "larger than" in (details or "").lower():
+        return Outcome.TOO_LARGE  # grpc's "Received message larger than max"
+    if name in _GRPC_RETRY:
+        return Outcome.RETRY
+    if name in ("UNAUTHENTICATED", "PERMISSION_DENIED", "UNIMPLEMENTED"):
+        return Outcome.KEEP
+    return Outcome.REFUSED
+
+
+class TapeOtlpGrpcSpanExporter(_Delivering, GrpcSpanExporter):
+    """``OTLPSpanExporter`` (gRPC) whose requests are encoded by ``encode_trace_request``, bounded in
+    bytes and sent over the SDK exporter's channel."""
+
+    def __init__(self, *args: Any, max_request_bytes: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.partial_success = _PartialSuccess()
+        self._init_delivery(max_request_bytes)
         self._serialized = False
+        self._channel_lock = threading.Lock()
         if hasattr(self, "_stub") and getattr(self, "_client", None) is not None and hasattr(self, "_channel"):
             # the base class rebuilds the client from ``_stub`` when it reconnects
             partial = self.partial_success
             self._stub = lambda channel: _SerializedTraceStub(channel, partial)
             self._client = _SerializedTraceStub(self._channel, partial)
             self._serialized = True
+
+    def _timeout_s(self) -> float:
+        return float(getattr(self, "_timeout", 10.0))
 
     def _translate_data(self, data: Sequence[ReadableSpan]) -> Any:
         if not self._serialized:
@@ -186,3 +257,40 @@ class TapeOtlpGrpcSpanExporter(GrpcSpanExporter):
             return encode_trace_request(data)
         except Exception:  # noqa: BLE001 - the SDK encoder decides what to do with it
             return encode_spans(data).SerializeToString()
+
+    def send_once(self, data: bytes, timeout: float) -> tuple[Outcome, int, str]:
+        client = self._client
+        if client is None or self._shutdown:
+            return Outcome.RETRY, 0, "exporter shut down"
+        try:
+            return Outcome.OK, client.send(data, self._headers, max(0.01, timeout)), "OK"
+        except RpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if getattr(code, "name", "") == "UNAVAILABLE":
+                self._reconnect()
+            return _grpc_outcome(code, details), 0, f"gRPC {getattr(code, 'name', code)}: {details}"
+
+    def _reconnect(self) -> None:
+        """A new channel, so a receiver that is back is reached now, not after gRPC's reconnect backoff."""
+        with self._channel_lock:
+            if self._shutdown:
+                return
+            old = self._channel
+            try:
+                self._initialize_channel_and_stub()
+            except Exception:  # noqa: BLE001 - keep the old channel
+                return
+            try:
+                old.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not self._serialized:
+            return GrpcSpanExporter.export(self, spans)
+        return _Delivering.export(self, spans)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._stop.set()
+        if not self._shutdown:
+            GrpcSpanExporter.shutdown(self, timeout_millis=timeout_millis, **kwargs)

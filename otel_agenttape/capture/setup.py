@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_agenttape.capture.api import Run, current_run
 from otel_agenttape.capture.listener import SCOPE_NAME, CaptureListener
+from otel_agenttape.capture.delivery import DEFAULT_MAX_REQUEST_BYTES
 from otel_agenttape.capture.pipeline import QueueingSpanProcessor, build_processor_chain
 from otel_agenttape.capture.propagation import inject_context
 from otel_agenttape.capture.redact import RedactSpec, build_redactor
@@ -23,6 +24,9 @@ from otel_agenttape.capture.sinks import InMemorySink, JsonlSink, NodeSink
 from otel_agenttape.capture.stats import CaptureStats
 
 PROTOCOLS = ("http/protobuf", "grpc")
+OUTBOX_ENV = "AGENTTAPE_OUTBOX"
+# gRPC's reconnect backoff grows to 120 s: a receiver back after a minute would wait that long
+GRPC_CHANNEL_OPTIONS = (("grpc.max_reconnect_backoff_ms", 5000), ("grpc.initial_reconnect_backoff_ms", 500))
 
 # Raised limits for our provider: node payloads are large and streams produce many events.
 RAISED_LIMITS = dict(max_span_attributes=1024, max_events=65536, max_links=1024, max_event_attributes=256,
@@ -90,6 +94,11 @@ class Tape:
         return random.random()
 
     @property
+    def outbox(self) -> Any:
+        """The ``capture.outbox.Outbox`` when one is configured, else None."""
+        return self.queue.outbox if self.queue is not None else None
+
+    @property
     def memory(self) -> InMemorySink | None:
         """The in-memory node sink, if one was configured."""
         return next((s for s in self.sinks if isinstance(s, InMemorySink)), None)
@@ -123,12 +132,15 @@ class Tape:
             return False
 
     def shutdown(self) -> None:
-        """Export what is queued and stop, within the queue's ``shutdown_timeout_millis`` (30 s) in
-        total; spans not exported are counted in ``spans_dropped_shutdown``. Idempotent."""
+        """Export what is queued and stop, within the queue's ``shutdown_timeout_millis`` (10 s) in
+        total, final checkpoints included; spans not exported go to the outbox if there is one, else
+        are counted in ``spans_dropped_shutdown``. Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
+            if self.queue is not None:
+                self.queue.begin_shutdown()
             if self.owns_provider:
                 self.tracer_provider.shutdown()
             elif self.processor is not None:
@@ -166,7 +178,8 @@ def _parse_headers(headers: Mapping[str, str] | str | None) -> dict[str, str] | 
 
 def make_exporter(endpoint: str | None = None, protocol: str | None = None, *,
                   headers: Mapping[str, str] | str | None = None, timeout: float | None = None,
-                  compression: str | None = None, insecure: bool | None = None) -> SpanExporter:
+                  compression: str | None = None, insecure: bool | None = None,
+                  max_request_bytes: int | None = None) -> SpanExporter:
     """The official OTLP span exporter, with our faster request encoding (see ``otlp_exporters``). Unset arguments fall back to the OTEL_EXPORTER_OTLP_* variables,
     which the exporters read themselves (endpoint, headers, timeout, compression, certificates)."""
     protocol = protocol or _env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
@@ -179,7 +192,8 @@ def make_exporter(endpoint: str | None = None, protocol: str | None = None, *,
         from otel_agenttape.capture.otlp_exporters import TapeOtlpGrpcSpanExporter as GrpcExporter
 
         kwargs: dict[str, Any] = {"endpoint": endpoint, "headers": parsed_headers, "timeout": timeout,
-                                  "insecure": insecure}
+                                  "insecure": insecure, "max_request_bytes": max_request_bytes,
+                                  "channel_options": GRPC_CHANNEL_OPTIONS}
         if compression:
             kwargs["compression"] = {"gzip": GrpcCompression.Gzip, "deflate": GrpcCompression.Deflate,
                                      "none": GrpcCompression.NoCompression}[compression.lower()]
@@ -194,7 +208,8 @@ def make_exporter(endpoint: str | None = None, protocol: str | None = None, *,
             endpoint = parsed._replace(path="/v1/traces").geturl()
         else:
             endpoint = parsed.geturl()
-    kwargs = {"endpoint": endpoint, "headers": parsed_headers, "timeout": timeout}
+    kwargs = {"endpoint": endpoint, "headers": parsed_headers, "timeout": timeout,
+              "max_request_bytes": max_request_bytes}
     if compression:
         kwargs["compression"] = HttpCompression(compression)
     return HttpExporter(**{k: v for k, v in kwargs.items() if v is not None})
@@ -226,24 +241,41 @@ def _wire(provider: TracerProvider, *, exporter: SpanExporter | None | bool, end
           protocol: str | None, headers: Any, timeout: float | None, compression: str | None,
           insecure: bool | None, redact: RedactSpec, seal: bool, seal_options: Mapping[str, Any] | None,
           queue_options: Mapping[str, Any] | None, sinks: list[NodeSink], max_payload_chars: int | None,
-          owns_provider: bool, resume_index: Any = None) -> Tape:
+          owns_provider: bool, resume_index: Any = None, outbox: str | os.PathLike[str] | None = None,
+          outbox_options: Mapping[str, Any] | None = None, max_request_bytes: int | None = None) -> Tape:
     stats = CaptureStats()
     redactor = build_redactor(redact, stats)
     processor = queue = None
     if exporter is not False:
         if exporter is None or exporter is True:
             span_exporter = make_exporter(endpoint, protocol, headers=headers, timeout=timeout,
-                                          compression=compression, insecure=insecure)
+                                          compression=compression, insecure=insecure,
+                                          max_request_bytes=max_request_bytes)
         else:
             span_exporter = exporter
+        box = _make_outbox(outbox, outbox_options, span_exporter, max_request_bytes)
         processor, queue = build_processor_chain(span_exporter, stats=stats, seal=seal, seal_options=seal_options,
-                                                 redactor=redactor, queue_options=queue_options)
+                                                 redactor=redactor, queue_options=queue_options, outbox=box)
         provider.add_span_processor(processor)
     tracer = provider.get_tracer(SCOPE_NAME, _version())
     listener = CaptureListener(tracer, stats=stats, redactor=redactor, sinks=sinks,
                                max_payload_chars=_effective_cut(max_payload_chars, provider))
     return Tape(provider, listener, stats, processor, queue, owns_provider=owns_provider, sinks=sinks,
                 resume_index=resume_index)
+
+
+def _make_outbox(path: str | os.PathLike[str] | None, options: Mapping[str, Any] | None, exporter: SpanExporter,
+                 max_request_bytes: int | None) -> Any:
+    """The outbox at ``path`` (else ``$AGENTTAPE_OUTBOX``), re-sending through the exporter; None when off."""
+    path = path if path is not None else _env(OUTBOX_ENV)
+    if not path:
+        return None
+    from otel_agenttape.capture.outbox import outbox_from_options
+
+    send = getattr(exporter, "deliver_requests", None)
+    deliver = (lambda requests: send(requests, retry=False)) if send is not None else None
+    limit = getattr(exporter, "max_request_bytes", None) or max_request_bytes or DEFAULT_MAX_REQUEST_BYTES
+    return outbox_from_options(path, dict(options or {}), deliver, limit)
 
 
 def _version() -> str:
@@ -274,6 +306,9 @@ def setup(
     max_payload_chars: int | None = None,
     set_global: bool = False,
     resume_index: Any = None,
+    outbox: str | os.PathLike[str] | None = None,
+    outbox_options: Mapping[str, Any] | None = None,
+    max_request_bytes: int | None = None,
 ) -> Tape:
     """Configure capture in one call and return a Tape.
 
@@ -284,7 +319,10 @@ def setup(
     sealing processor when available. ``jsonl_path``/``memory`` add local node-record sinks.
     ``max_payload_chars`` cuts larger payloads, recording their length and sha256. ``resume_index``
     (an ``otel_agenttape.resume.ResumeIndex``) makes ``tape.now()``, ``tape.uuid()``... recorded values
-    that come back the same when the run is resumed.
+    that come back the same when the run is resumed. ``outbox`` (else ``$AGENTTAPE_OUTBOX``): a
+    folder where spans that cannot be delivered are kept and re-sent from (``outbox_options``:
+    ``max_bytes``, ``fsync``, ``segment_bytes``). ``max_request_bytes`` bounds each export request
+    (default 4 MiB).
     """
     attrs = dict(resource_attributes or {})
     if service_name:
@@ -293,7 +331,8 @@ def setup(
     tape = _wire(provider, exporter=exporter, endpoint=endpoint, protocol=protocol, headers=headers, timeout=timeout,
                  compression=compression, insecure=insecure, redact=redact, seal=seal, seal_options=seal_options,
                  queue_options=queue_options, sinks=_sinks(sinks, jsonl_path, memory),
-                 max_payload_chars=max_payload_chars, owns_provider=True, resume_index=resume_index)
+                 max_payload_chars=max_payload_chars, owns_provider=True, resume_index=resume_index,
+                 outbox=outbox, outbox_options=outbox_options, max_request_bytes=max_request_bytes)
     if set_global:
         trace.set_tracer_provider(provider)
     return tape
@@ -318,6 +357,9 @@ def instrument(
     memory: bool = False,
     max_payload_chars: int | None = None,
     resume_index: Any = None,
+    outbox: str | os.PathLike[str] | None = None,
+    outbox_options: Mapping[str, Any] | None = None,
+    max_request_bytes: int | None = None,
 ) -> Tape:
     """Add capture to an application's existing SDK TracerProvider (default: the global one).
 
@@ -330,4 +372,5 @@ def instrument(
     return _wire(provider, exporter=exporter, endpoint=endpoint, protocol=protocol, headers=headers, timeout=timeout,
                  compression=compression, insecure=insecure, redact=redact, seal=seal, seal_options=seal_options,
                  queue_options=queue_options, sinks=_sinks(sinks, jsonl_path, memory),
-                 max_payload_chars=max_payload_chars, owns_provider=False, resume_index=resume_index)
+                 max_payload_chars=max_payload_chars, owns_provider=False, resume_index=resume_index,
+                 outbox=outbox, outbox_options=outbox_options, max_request_bytes=max_request_bytes)

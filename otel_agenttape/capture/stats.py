@@ -26,6 +26,15 @@ COUNTERS = (
     "export_batches", "export_failures", "exporter_exceptions",
     "spans_rejected",            # exported, but the receiver answered that it rejected them (partial success)
     "processor_errors",          # an exception anywhere in the processor chain
+    "spans_dropped_too_large",   # one span larger than a whole request may be (max_request_bytes / 413)
+    "spans_refused",             # requests the receiver refused for good (HTTP 400 and the like)
+    "requests_split",            # requests sent again in halves after a 413 / RESOURCE_EXHAUSTED
+    "spans_to_outbox",           # undelivered spans written to the outbox (re-sent later)
+    "spans_spilled",             # spans a full queue handed to the outbox's writer instead of waiting
+    # outbox
+    "outbox_active", "outbox_spans_written", "outbox_records_written", "outbox_spans_delivered",
+    "outbox_spans_pending", "outbox_bytes", "outbox_dropped_full", "outbox_write_errors",
+    "outbox_resend_failures", "outbox_refused", "outbox_torn_bytes", "outbox_spill_dropped",
     # sealing
     "sealing_active", "sealing_unavailable", "sealing_errors", "spans_sealed", "checkpoints",
 )

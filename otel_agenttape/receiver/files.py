@@ -132,6 +132,27 @@ def _read_protobuf(p: Path, data: bytes, signal: str | None) -> list[tuple[str, 
         raise DecodeError(f"{p}: {exc}") from None
 
 
+def read_outbox_folder(path: str | os.PathLike[str]) -> list[tuple[str, Validated]]:
+    """The records not yet acknowledged in an outbox folder (``otel_agenttape.outboxfile``), each an
+    OTLP trace request, decoded and validated like a file; the folder is only read."""
+    from otel_agenttape import outboxfile
+
+    if not outboxfile.is_outbox(path):
+        raise DecodeError(f"{path}: a folder, but not an outbox (no lane-* folders)")
+    out = []
+    try:
+        for rec in outboxfile.read_outbox(path):
+            if rec.kind != outboxfile.KIND_TRACES:
+                raise DecodeError(f"{path}: record of unknown kind {rec.kind}")
+            try:
+                out.append((TRACES, _decode(TRACES, rec.payload, PROTOBUF)))
+            except DecodeError as exc:
+                raise DecodeError(f"{path}: segment {rec.segment} offset {rec.offset}: {exc}") from None
+    except outboxfile.OutboxFormatError as exc:
+        raise DecodeError(str(exc)) from None
+    return out
+
+
 def _post(url: str, token: str | None, payload: bytes, attempts: int = 8) -> bytes:
     import time
     import urllib.error
@@ -167,7 +188,7 @@ def ingest_files(
 
     loaded: list[tuple[str, Validated]] = []
     for f in files:
-        loaded.extend(read_otlp_file(f, signal))
+        loaded.extend(read_outbox_folder(f) if Path(f).is_dir() else read_otlp_file(f, signal))
     rejected = sum(v.rejected for _, v in loaded)
     messages = sorted({v.message for _, v in loaded if v.message})
     summary: dict[str, Any] = {
