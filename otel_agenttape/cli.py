@@ -292,6 +292,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if valid else EXIT_FAILED
 
 
+def cmd_console(args: argparse.Namespace) -> int:
+    """Serve the web console over a store, a lake or OTLP files (read-only), until SIGINT/SIGTERM."""
+    from otel_agenttape.console.cli import run
+
+    return run(args)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Check packages, export settings, the store and a running receiver; list every loss counter."""
     import json
@@ -322,6 +329,17 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=default_db(), help="DuckDB file to record into (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("console", help="browse runs, trees, diffs and verification in a web page (read-only)")
+    p.add_argument("files", nargs="*", metavar="FILE", help="OTLP files (JSON, JSON lines, protobuf, .gz)")
+    p.add_argument("--db", default=None, help="DuckDB tape store (env AGENTTAPE_DB, default ./agenttape.duckdb)")
+    p.add_argument("--lake", metavar="DIR", default=None, help="a Parquet lake folder")
+    p.add_argument("--host", default=_env("CONSOLE_HOST", "127.0.0.1"), help="bind address (default %(default)s)")
+    p.add_argument("--port", type=int, default=None, help="port, 0 = any free one (env AGENTTAPE_CONSOLE_PORT, "
+                   "default 4380)")
+    p.add_argument("--token", default=_env("TOKEN"), help="require this bearer token for every read (env AGENTTAPE_TOKEN)")
+    p.add_argument("--insecure-no-auth", action="store_true", help="allow a non-loopback address without a token")
+    p.add_argument("--json", action="store_true", help="print the startup line as JSON")
+    p.set_defaults(func=cmd_console)
     p = sub.add_parser("doctor", help="check packages, export settings, store and receiver; show loss counters")
     p.add_argument("--db", default=default_db(), help="DuckDB file (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
