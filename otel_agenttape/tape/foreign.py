@@ -22,8 +22,7 @@ MODEL = "model"
 TOOL = "tool"
 OTHER = "other"
 
-_OI_KINDS = {"LLM": MODEL, "TOOL": TOOL, "AGENT": RUN}
-_TRACELOOP_KINDS = {"tool": TOOL, "agent": RUN}
+_OI_KINDS = {"LLM": MODEL, "TOOL": TOOL}
 _LEGACY_EVENTS = {
     sc.EVENT_SYSTEM_MESSAGE: "system",
     sc.EVENT_USER_MESSAGE: "user",
@@ -58,7 +57,10 @@ def convention(span: SpanRow) -> str:
 
 
 def classify(span: SpanRow) -> str:
-    """run | model | tool | other, from attributes (span names differ between conventions)."""
+    """run | model | tool | other, from attributes (span names differ between conventions).
+
+    The same rules, in SQL, make the ``span_roles`` view (store/runs_view.py). An OpenInference CHAIN or
+    an OpenLLMetry workflow is a run only at the root of its trace (``span.is_root``)."""
     if span.role is None:
         span.role = _classify(span)
     return span.role
@@ -70,18 +72,24 @@ def _classify(span: SpanRow) -> str:
     if node_type in (RUN, MODEL, TOOL):
         return node_type
     op = span.operation_name or a.get(sc.GEN_AI_OPERATION_NAME)
-    if op == sc.OP_INVOKE_AGENT:
+    if op in sc.RUN_OPERATIONS:
         return RUN
     if op in sc.MODEL_OPERATIONS:
         return MODEL
     if op == sc.OP_EXECUTE_TOOL:
         return TOOL
     oi = a.get(sc.OPENINFERENCE_SPAN_KIND)
-    if isinstance(oi, str) and oi.upper() in _OI_KINDS:
-        return _OI_KINDS[oi.upper()]
+    oi = oi.upper() if isinstance(oi, str) else None
+    if oi in sc.OI_RUN_KINDS or (oi in sc.OI_ROOT_RUN_KINDS and span.is_root):
+        return RUN
+    if oi in _OI_KINDS:
+        return _OI_KINDS[oi]
     tl = a.get(sc.TRACELOOP_SPAN_KIND)
-    if isinstance(tl, str) and tl.lower() in _TRACELOOP_KINDS:
-        return _TRACELOOP_KINDS[tl.lower()]
+    tl = tl.lower() if isinstance(tl, str) else None
+    if tl in sc.TRACELOOP_RUN_KINDS or (tl in sc.TRACELOOP_ROOT_RUN_KINDS and span.is_root):
+        return RUN
+    if tl == "tool":
+        return TOOL
     if a.get(LLM_REQUEST_TYPE) in ("chat", "completion"):
         return MODEL
     if _is_indexed(a, sc.LEGACY_PROMPT_PREFIX) or _is_indexed(a, sc.LEGACY_COMPLETION_PREFIX):
@@ -89,6 +97,40 @@ def _classify(span: SpanRow) -> str:
     if sc.OI_LLM_MODEL_NAME in a and _is_indexed(a, sc.OI_LLM_INPUT_MESSAGES + "."):
         return MODEL
     return OTHER
+
+
+def source(span: SpanRow) -> str:
+    """Which instrumentation recorded the span (the ``source`` of a run), as ``span_roles`` says."""
+    a = span.attrs
+    if span.run_id or span.node_type:
+        return sc.SOURCE_AGENTTAPE
+    scope = (span.scope_name or "").lower()
+    if "openai_agents" in scope or "openai-agents" in scope:
+        return sc.SOURCE_OPENAI_AGENTS
+    if "langgraph" in scope or ("langchain" in scope and _mentions(a, "langgraph")):
+        return sc.SOURCE_LANGGRAPH
+    if "langchain" in scope:
+        return sc.SOURCE_LANGCHAIN
+    if sc.OPENINFERENCE_SPAN_KIND in a:
+        return sc.SOURCE_OPENINFERENCE
+    if (sc.TRACELOOP_SPAN_KIND in a or LLM_REQUEST_TYPE in a or _is_indexed(a, sc.LEGACY_PROMPT_PREFIX)
+            or _is_indexed(a, sc.LEGACY_COMPLETION_PREFIX) or any(k.startswith("traceloop.") for k in a)):
+        return sc.SOURCE_OPENLLMETRY
+    return sc.SOURCE_GENAI
+
+
+def _mentions(attrs: dict[str, Any], word: str) -> bool:
+    return any(word in k or (isinstance(v, str) and word in v) for k, v in attrs.items())
+
+
+SESSION_KEYS = (sc.SESSION_ID, sc.GEN_AI_CONVERSATION_ID, sc.OI_SESSION_ID, sc.TRACELOOP_SESSION_ID,
+                sc.TRACELOOP_CONVERSATION_ID)
+
+
+def session_of(span: SpanRow) -> str | None:
+    """The session (conversation) a span names, in any convention."""
+    value = _first(span.attrs, *SESSION_KEYS)
+    return None if value is None else str(value)
 
 
 def lacks_content(span: SpanRow) -> bool:
@@ -528,8 +570,8 @@ def run_content(span: SpanRow) -> tuple[list[Message], list[Message], str | None
     elif a.get(sc.TRACELOOP_ENTITY_OUTPUT) is not None:
         outputs = _response_messages(a[sc.TRACELOOP_ENTITY_OUTPUT])
     agent = _first(a, sc.GEN_AI_AGENT_NAME, OI_AGENT_NAME) or span.agent_name
-    if agent is None and a.get(sc.TRACELOOP_SPAN_KIND) == "agent":
-        agent = a.get(sc.TRACELOOP_ENTITY_NAME)
+    if agent is None and str(a.get(sc.TRACELOOP_SPAN_KIND) or "").lower() in ("agent", "workflow"):
+        agent = _first(a, sc.TRACELOOP_ENTITY_NAME, sc.TRACELOOP_WORKFLOW_NAME)
     return inputs, outputs, agent
 
 
