@@ -210,7 +210,7 @@ def test_the_demo_tree_renders_one_node_per_child_and_a_click_opens_it(page, con
     go(page, url, f"#/tree/{urllib.parse.quote(ref)}")
     nodes = page.locator("#graph g.gnode")
     assert nodes.count() == 3
-    texts = nodes.all_inner_texts()
+    texts = nodes.all_text_contents()
     assert any("researcher" in t and "web_search ×2" in t for t in texts)
     page.screenshot(path=str(shots / "07-demo-tree.png"))
     child = page.locator("#graph g.gnode", has_text="critic")
@@ -255,7 +255,7 @@ def test_a_fleet_of_fifty_and_deep_nesting_stay_readable(page, console, shots):
     page.wait_for_selector("#runs tbody tr[data-ref]")
     ref = ref_of(page, "level-0")
     go(page, url, f"#/tree/{urllib.parse.quote(ref)}")
-    assert sorted(page.locator("#graph g.gnode text.g-agent").all_inner_texts()) == [
+    assert sorted(page.locator("#graph g.gnode text.g-agent").all_text_contents()) == [
         "level-0", "level-1", "level-2", "level-3", "sibling"]
     ys = {t: page.locator("#graph g.gnode", has_text=t).bounding_box()["y"] for t in ("level-0", "level-1", "level-2", "level-3")}
     assert ys["level-0"] < ys["level-1"] < ys["level-2"] < ys["level-3"]

@@ -30,6 +30,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from otel_agenttape.tape.refs import AmbiguousRunError, RunNotFound
+
 from . import api
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -41,24 +43,6 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"no-referrer"),
     (b"x-frame-options", b"DENY"),
 ]
-
-
-def _lookup_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
-    """(not found, ambiguous) error classes of the read model in use."""
-    from otel_agenttape.tape.rebuild import RunNotFound
-
-    notfound: list[type[BaseException]] = [RunNotFound]
-    ambiguous: list[type[BaseException]] = []
-    try:
-        from otel_agenttape.tape import refs
-
-        notfound.append(refs.RunNotFound)
-        ambiguous.append(refs.AmbiguousRunError)
-    except ImportError:
-        from .interim import AmbiguousRunError
-
-        ambiguous.append(AmbiguousRunError)
-    return tuple(notfound), tuple(ambiguous)
 
 
 class JSON(Response):
@@ -121,7 +105,6 @@ def create_app(tapes: Any, token: str | None = None, *, on_shutdown: Callable[[]
     worker thread (a DuckDB connection serves one query at a time); the event loop stays free.
     """
     lock = threading.Lock()
-    notfound, ambiguous = _lookup_errors()
 
     async def call(fn: Callable[..., Any], *args: Any) -> Response:
         def locked() -> Any:
@@ -132,9 +115,9 @@ def create_app(tapes: Any, token: str | None = None, *, on_shutdown: Callable[[]
             return JSON(await anyio.to_thread.run_sync(locked))
         except api.BadRequest as exc:
             return _error(400, str(exc))
-        except ambiguous as exc:
+        except AmbiguousRunError as exc:
             return _error(409, str(exc), candidates=list(getattr(exc, "candidates", []) or []))
-        except notfound as exc:
+        except RunNotFound as exc:
             return _error(404, str(exc))
         except (ValueError, KeyError) as exc:
             return _error(400, str(exc))

@@ -7,6 +7,7 @@ unless told ``insecure_no_auth``.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,39 +44,18 @@ def check_bind(host: str, token: str | None, insecure_no_auth: bool = False) -> 
 
 def open_tapes(db: str | None = None, lake: str | None = None, files: Sequence[str] | None = None) -> Any:
     """The read model over OTLP files, a Parquet lake or a DuckDB file (through its server when one holds it)."""
+    import otel_agenttape
+    from otel_agenttape.store.reader import StoreError
+
     source: Any = list(files) if files else lake or db
     if not source:
         raise ConsoleError("no source: give --db PATH, --lake DIR or OTLP files")
+    if lake and not os.path.isdir(lake):
+        raise ConsoleError(f"no Parquet lake at {lake}")
     try:
-        import otel_agenttape
-
-        opener = getattr(otel_agenttape, "open", None)
-        if opener is not None:
-            return opener(source)
-        return _open_interim(db, lake, files)
-    except (OSError, ValueError, LookupError) as exc:
+        return otel_agenttape.open(source)
+    except (OSError, ValueError, StoreError) as exc:
         raise ConsoleError(str(exc)) from None
-    except Exception as exc:
-        from otel_agenttape.store.reader import StoreError
-
-        if isinstance(exc, StoreError):
-            raise ConsoleError(str(exc)) from None
-        raise
-
-
-def _open_interim(db: str | None, lake: str | None, files: Sequence[str] | None) -> Any:
-    from otel_agenttape.store.reader import open_lake, open_reader
-
-    from .interim import open_interim
-
-    if files:
-        from otel_agenttape.receiver.files import load_otlp_files
-
-        store = load_otlp_files(list(files))
-        return open_interim(store.reader(), closer=store.close)
-    if lake:
-        return open_interim(open_lake(lake))
-    return open_interim(open_reader(db))
 
 
 def make_server(app: Any, host: str, port: int) -> Any:
