@@ -231,6 +231,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from otel_agenttape.tape.rebuild import reconstruct_tree
     from otel_agenttape.tape.verification import verify_store
 
+    if args.json and args.serve:
+        raise CliError("--serve prints the console's URL as text: use it without --json")
     holder = read_discovery(args.db)
     if holder is not None:
         raise CliError(f"cannot run the demo: {args.db} is in use by `agenttape serve` (pid {holder['pid']} at "
@@ -291,6 +293,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"  agenttape verify --db {args.db}")
     print(f"  agenttape sql \"SELECT name, duration_ms FROM spans ORDER BY start_time_unix_nano\" --db {args.db}")
     print("  agenttape serve   # then point any OTLP exporter at http://127.0.0.1:4318")
+    from otel_agenttape.console.cli import demo_console
+
+    demo_console(args.db, serve=args.serve, port=args.console_port)
     return EXIT_OK if valid else EXIT_FAILED
 
 
@@ -330,6 +335,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="record a scripted multi-agent run offline, then show and verify it")
     p.add_argument("--db", default=default_db(), help="DuckDB file to record into (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--serve", action="store_true", help="then serve the console on the demo's store until Ctrl-C")
+    p.add_argument("--console-port", type=int, default=None, help="the console's port with --serve (default 4380)")
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("console", help="browse runs, trees, diffs and verification in a web page (read-only)")
     p.add_argument("files", nargs="*", metavar="FILE", help="OTLP files (JSON, JSON lines, protobuf, .gz)")

@@ -9,6 +9,7 @@ import sys
 from otel_agenttape.cli import CliError, _port, default_db
 
 from .serve import DEFAULT_PORT, ConsoleError, check_bind, open_tapes, serve
+from .serve import serve as serve_console
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,3 +41,28 @@ def run(args: argparse.Namespace) -> int:
         tapes.close()
     print("agenttape console: stopped", file=sys.stderr)
     return 0
+
+
+def demo_console(db: str, serve: bool = False, port: int | None = None) -> None:
+    """End of ``agenttape demo``: the console's URL, and with ``serve`` the console itself until Ctrl-C."""
+    port = DEFAULT_PORT if port is None else port
+    if not serve:
+        print()
+        print(f"See it in the browser: agenttape console --db {db}   # then open http://127.0.0.1:{port}/")
+        print("(or run the demo with --serve)")
+        return
+    try:
+        tapes = open_tapes(db=db)
+    except ConsoleError as exc:
+        raise CliError(str(exc)) from None
+
+    def ready(url: str) -> None:
+        print()
+        print(f"Console: {url}   (serving {db}; Ctrl-C to stop)", flush=True)
+
+    try:
+        serve_console(tapes, host="127.0.0.1", port=port, on_ready=ready)
+    except ConsoleError as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        tapes.close()

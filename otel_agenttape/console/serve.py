@@ -59,12 +59,30 @@ def open_tapes(db: str | None = None, lake: str | None = None, files: Sequence[s
 
 
 def make_server(app: Any, host: str, port: int) -> Any:
-    """A uvicorn server for ``app`` (not started): quiet access log, no signal handlers of its own."""
+    """A uvicorn server for ``app`` (not started): quiet access log; SIGINT/SIGTERM end it gracefully and
+    the process then goes on (uvicorn itself re-raises the signal, which would skip the caller's cleanup)."""
+    import contextlib
+    import signal
+    import threading
+
     import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            old = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             lifespan="on", timeout_graceful_shutdown=5)
-    return uvicorn.Server(config)
+    return Server(config)
 
 
 def bound_url(server: Any) -> str:
