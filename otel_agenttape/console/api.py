@@ -43,9 +43,23 @@ def runs_page(tapes: Any, params: Mapping[str, str]) -> dict[str, Any]:
     return page.to_dict()
 
 
+def _summary(tapes: Any, run: Any, parent_ref: str | None = None) -> dict[str, Any]:
+    """A rebuilt run as the runs list shows it (``RunSummary.from_run``: the fields the runs view computes),
+    without reading the whole ``runs`` view for one row."""
+    from otel_agenttape.tape.read.summary import RunSummary
+    from otel_agenttape.tape.refs import AmbiguousRunError, RunNotFound
+
+    if parent_ref is None and run.parent_run_id:
+        try:
+            parent_ref = tapes.locate(run.parent_run_id)
+        except (RunNotFound, AmbiguousRunError):
+            parent_ref = f"{run.parent_run_id}@{run.trace_id}"
+    return RunSummary.from_run(run, parent_ref).to_dict()
+
+
 def run_summary(tapes: Any, ref: str) -> dict[str, Any]:
     """``GET /api/runs/{ref}``: the run as the list shows it."""
-    return tapes.run(ref).to_dict()
+    return _summary(tapes, tapes.rebuild(ref))
 
 
 def steps(tapes: Any, ref: str) -> dict[str, Any]:
@@ -133,32 +147,23 @@ def replay(tapes: Any, ref: str, tree: bool) -> dict[str, Any]:
 
 def tree(tapes: Any, ref: str) -> dict[str, Any]:
     """``GET /api/runs/{ref}/tree``: the run and every child run, each with an output preview and tool calls."""
-    summaries = tapes.tree(ref)
-    replayed = tapes.replay(ref, tree=True)
-    previews: dict[str, dict[str, Any]] = {}
+    from otel_agenttape.tape.rebuild import reconstruct_tree
 
-    def walk(r: dict[str, Any]) -> None:
-        out = str(r.get("output") or "")
-        previews[f"{r['run_id']}@{r.get('trace_id')}"] = {
-            "output_preview": out[:PREVIEW] + ("…" if len(out) > PREVIEW else ""),
-            "tool_list": [{"name": t.get("name"), "error": bool(t.get("error"))} for t in r.get("tools", [])],
-        }
-        for c in r.get("children", []):
-            walk(c)
-
-    walk(replayed)
+    root = reconstruct_tree(tapes.reader, ref).root
     count = 0
 
-    def join(node: dict[str, Any]) -> dict[str, Any]:
+    def node(run: Any, parent: str | None) -> dict[str, Any]:
         nonlocal count
         count += 1
-        node.update(previews.get(node["ref"], {"output_preview": "", "tool_list": []}))
-        for c in node.get("children", []):
-            join(c)
-        return node
+        out = _summary(tapes, run, parent)
+        text = str(run.output or "")
+        out["output_preview"] = text[:PREVIEW] + ("…" if len(text) > PREVIEW else "")
+        out["tool_list"] = [{"name": t.name, "error": bool(t.error)} for t in run.tools]
+        out["children"] = [node(c, out["ref"]) for c in run.children]
+        return out
 
-    root = join(summaries)
-    return {"ref": ref, "runs": count, "root": root}
+    top = node(root, None)
+    return {"ref": ref, "runs": count, "root": top}
 
 
 def session(tapes: Any, session_id: str) -> dict[str, Any]:
