@@ -238,3 +238,28 @@ def test_agenttape_console_command(demo, tmp_path):
     while server.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.returncode == 0
+
+
+def test_the_demo_ends_with_the_console_and_serves_it(tmp_path):
+    proc = agenttape("demo", "--db", str(tmp_path / "a.duckdb"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip().splitlines()[-2].startswith("See it in the browser: agenttape console --db ")
+    assert "http://127.0.0.1:4380/" in proc.stdout
+    assert agenttape("demo", "--json", "--serve", cwd=tmp_path).returncode == 2
+    server = subprocess.Popen([sys.executable, "-m", "otel_agenttape", "demo", "--db", str(tmp_path / "b.duckdb"),
+                               "--serve", "--console-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=tmp_path)
+    try:
+        url = None
+        for line in server.stdout:
+            m = re.match(r"Console: (http://127\.0\.0\.1:\d+/)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, server.stderr.read()
+        runs = httpx.get(url + "api/runs").json()["runs"]
+        assert sorted(r["agent"] for r in runs) == ["coordinator", "critic", "researcher"]
+        assert httpx.get(url).status_code == 200
+    finally:
+        server.terminate()
+        assert server.wait(20) == 0
