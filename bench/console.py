@@ -16,7 +16,7 @@ rebuilds nothing. With ``--page`` (default on when /usr/bin/chromium exists) it 
 headless Chromium and times until the runs table is drawn (target 1 s). Targets (p95): runs 100 ms,
 steps 50 ms, tree 200 ms.
 
-    python bench/console.py [--spans 1000000] [--repeat 20] [--dir DIR] [--no-page]
+    python bench/console.py [--spans 1000000] [--repeat 20] [--dir DIR] [--no-page] [--reuse]
 
 Last line: ``console runs_ms=X steps_ms=Y tree_ms=Z sql_runs_ms=W`` (p95 of each).
 """
@@ -74,6 +74,22 @@ def build(db: str, total_spans: int) -> dict[str, str]:
     n = store.reader().query("SELECT count(*) AS n FROM spans").column("n")[0].as_py()
     store.close()
     print(f"store: {n} spans, {runs} background runs, in {db}", flush=True)
+    return ids
+
+
+def find_ids(db: str) -> dict[str, str]:
+    """The 100-node run and the coordinator of a store ``build`` wrote (their agents are unique)."""
+    import duckdb
+
+    con = duckdb.connect(db, read_only=True)
+    ids: dict[str, str] = {}
+    for agent, key in (("big", "run"), ("coordinator", "tree")):
+        ids[key], ids[f"{key}_trace"] = con.execute(
+            "SELECT run_id, trace_id FROM spans WHERE agent_name = ? AND operation_name = 'invoke_agent'",
+            [agent]).fetchone()
+    n = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+    con.close()
+    print(f"store: {n} spans in {db} (reused)", flush=True)
     return ids
 
 
@@ -155,14 +171,16 @@ def measure_page(url: str, ids: dict[str, str], repeat: int) -> dict[str, tuple[
     args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run"]
     tree_hash = f"#/tree/{ids['tree']}%40{ids['tree_trace']}"
-    out: dict[str, list[float]] = {"page_runs": [], "page_tree": []}
+    out: dict[str, list[float]] = {"page_shell": [], "page_runs": [], "page_tree": []}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
         for i in range(repeat + 1):
             context = browser.new_context(viewport={"width": 1400, "height": 900})
             page = context.new_page()
             page.goto(url)
-            page.wait_for_selector("#runs tbody tr[data-ref]")
+            page.wait_for_selector("#filters input")  # the page answers input (the runs still loading)
+            shell_ms = page.evaluate("() => performance.now()")
+            page.wait_for_selector("#runs tbody tr[data-ref]", timeout=300_000)
             runs_ms = page.evaluate("() => performance.now()")
             page.goto("about:blank")  # leave, so the tree is a fresh navigation too
             page.goto(url + tree_hash)
@@ -170,6 +188,7 @@ def measure_page(url: str, ids: dict[str, str], repeat: int) -> dict[str, tuple[
             tree_ms = page.evaluate("() => performance.now()")
             context.close()
             if i:  # the first one warms the server and the browser
+                out["page_shell"].append(shell_ms)
                 out["page_runs"].append(runs_ms)
                 out["page_tree"].append(tree_ms)
         browser.close()
@@ -182,6 +201,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--dir", default=None, help="where to build the store (default: a temp folder)")
     ap.add_argument("--no-page", action="store_true", help="skip the headless Chromium page timing")
+    ap.add_argument("--reuse", action="store_true", help="measure the store already in --dir instead of building")
     args = ap.parse_args()
 
     import otel_agenttape
@@ -192,12 +212,15 @@ def main() -> int:
     folder = args.dir or tempfile.mkdtemp(prefix="agenttape-console-bench-")
     os.makedirs(folder, exist_ok=True)
     db = os.path.join(folder, "bench.duckdb")
-    for path in (db, db + ".wal"):
-        if os.path.exists(path):
-            os.remove(path)
-    start = time.perf_counter()
-    ids = build(db, args.spans)
-    print(f"built in {time.perf_counter() - start:.1f}s", flush=True)
+    if args.reuse and os.path.exists(db):
+        ids = find_ids(db)
+    else:
+        for path in (db, db + ".wal"):
+            if os.path.exists(path):
+                os.remove(path)
+        start = time.perf_counter()
+        ids = build(db, args.spans)
+        print(f"built in {time.perf_counter() - start:.1f}s", flush=True)
     sql = measure_sql(db, ids, args.repeat)
     tapes = otel_agenttape.open(db)
     try:

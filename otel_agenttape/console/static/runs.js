@@ -125,31 +125,41 @@ export async function runsView(view, params, onError) {
   });
 
   const keyOf = (page) => `${page.total}|${page.runs.map((r) => r.ref + r.status).join(",")}`;
+  tbody.appendChild(h("tr", {}, h("td", { colspan: 13, class: "muted empty" }, "Loading runs…")));
   const first = await get("runs", filters);
   render(first, false);
 
   let lastKey = keyOf(first);
-  const timer = setInterval(async () => {
-    if (document.hidden) return;
+  let timer = null;
+  let stopped = false;
+  // One poll at a time, the next one after the last answer (at least POLL_MS, more for a slow store).
+  const poll = async () => {
+    if (stopped) return;
+    const started = performance.now();
     try {
-      const page = await get("runs", filters);
-      const key = keyOf(page);
-      if (key === lastKey) return;
-      lastKey = key;
-      if (extraPages) {
-        // keep what the user paged through: add the new runs on top
-        const fresh = page.runs.filter((r) => !shown.has(r.ref)).reverse();
-        for (const r of fresh) { shown.add(r.ref); tbody.insertBefore(row(r, selected, onSelect), tbody.firstChild); }
-        summary.textContent = `${fmtInt(page.total)} runs`;
-        badges(fresh).catch(() => {});
-      } else {
-        render(page, false);
+      if (!document.hidden) {
+        const page = await get("runs", filters);
+        const key = keyOf(page);
+        if (key !== lastKey && !stopped) {
+          lastKey = key;
+          if (extraPages) {
+            // keep what the user paged through: add the new runs on top
+            const fresh = page.runs.filter((r) => !shown.has(r.ref)).reverse();
+            for (const r of fresh) { shown.add(r.ref); tbody.insertBefore(row(r, selected, onSelect), tbody.firstChild); }
+            summary.textContent = `${fmtInt(page.total)} runs`;
+            badges(fresh).catch(() => {});
+          } else {
+            render(page, false);
+          }
+          live.classList.add("flash");
+          setTimeout(() => live.classList.remove("flash"), 600);
+        }
       }
-      live.classList.add("flash");
-      setTimeout(() => live.classList.remove("flash"), 600);
     } catch (e) {
-      if (e instanceof AuthNeeded) { clearInterval(timer); onError(e); }
+      if (e instanceof AuthNeeded) { stopped = true; onError(e); return; }
     }
-  }, POLL_MS);
-  return () => clearInterval(timer);
+    if (!stopped) timer = setTimeout(poll, Math.max(POLL_MS, 2 * (performance.now() - started)));
+  };
+  timer = setTimeout(poll, POLL_MS);
+  return () => { stopped = true; clearTimeout(timer); };
 }
