@@ -4,7 +4,7 @@
 import { enc, get } from "./api.js";
 import { clear, fmtDuration, fmtInt, h, s, put } from "./dom.js";
 
-const W = 230, H = 104, GX = 26, GY = 64, ROW_GAP = 46, WRAP = 6;
+const W = 230, H = 118, GX = 26, GY = 64, ROW_GAP = 46, WRAP = 6;
 
 function isLeaf(n) { return !(n.children || []).length; }
 
@@ -90,7 +90,7 @@ function toolLine(list) {
     const k = `${t.name || "tool"}${t.error ? " ✖" : ""}`;
     counts.set(k, (counts.get(k) || 0) + 1);
   }
-  return "tools: " + [...counts].map(([k, c]) => (c > 1 ? `${k} ×${c}` : k)).join(", ");
+  return [...counts].map(([k, c]) => (c > 1 ? `${k} ×${c}` : k)).join(", ");
 }
 
 function nodeBox(n, open) {
@@ -100,14 +100,14 @@ function nodeBox(n, open) {
   g.appendChild(s("title", {}, `${n.agent || "(unnamed)"} [${n.status}]\n${n.ref}\n\n${preview}`));
   g.appendChild(s("rect", { class: "box", width: W, height: H, rx: 8, ry: 8 }));
   g.appendChild(s("rect", { class: "stripe", width: 6, height: H, rx: 3, ry: 3 }));
-  g.appendChild(s("text", { class: "g-agent", x: 16, y: 22 }, cut(n.agent || "(unnamed)", 20)));
-  g.appendChild(s("text", { class: "g-status", x: W - 10, y: 22, "text-anchor": "end" }, n.status));
+  g.appendChild(s("text", { class: "g-agent", x: 16, y: 21 }, cut(n.agent || "(unnamed)", 25)));
+  g.appendChild(s("text", { class: "g-status", x: 16, y: 37 }, `${n.status} · ${fmtDuration(n.duration_ms)}`));
   wrap(preview || "(no output)", 31, 2).forEach((line, i) =>
-    g.appendChild(s("text", { class: "g-out", x: 16, y: 44 + i * 16 }, line)));
-  g.appendChild(s("text", { class: "g-tools", x: 16, y: 80 }, cut(toolLine(n.tool_list || []), 30)));
-  const meta = `${n.model_calls} model · ${n.tool_calls} tool · ${fmtDuration(n.duration_ms)}` +
+    g.appendChild(s("text", { class: "g-out", x: 16, y: 57 + i * 16 }, line)));
+  g.appendChild(s("text", { class: "g-tools", x: 16, y: 95 }, cut(toolLine(n.tool_list || []), 31)));
+  const meta = `${n.model_calls} model · ${n.tool_calls} tool` +
     ((n.children || []).length ? ` · ${n.children.length} child${n.children.length === 1 ? "" : "ren"}` : "");
-  g.appendChild(s("text", { class: "g-meta", x: 16, y: 96 }, cut(meta, 36)));
+  g.appendChild(s("text", { class: "g-meta", x: 16, y: 110 }, cut(meta, 36)));
   g.addEventListener("keydown", (ev) => { if (ev.key === "Enter") open(n.ref); });
   return g;
 }
