@@ -17,6 +17,11 @@ import otel_agenttape
 from console_app import serve_console
 from otel_agenttape.console.serve import ConsoleError, check_bind, is_loopback, open_tapes
 
+def get(url: str, **kwargs) -> httpx.Response:
+    """A GET with room for a loaded machine (the default 5 s is short for a store scan under load)."""
+    return httpx.get(url, timeout=120, **kwargs)
+
+
 STATIC = Path(otel_agenttape.__file__).parent / "console" / "static"
 
 
@@ -147,7 +152,7 @@ def test_errors_are_clear(api):
 def test_the_page_is_self_contained_and_guarded(api):
     client, *_ = api
     base = str(client.base_url).rstrip("/").removesuffix("/api")
-    page = httpx.get(base + "/")
+    page = get(base + "/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     csp = page.headers["content-security-policy"]
     assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "default-src 'none'" in csp
@@ -156,7 +161,7 @@ def test_the_page_is_self_contained_and_guarded(api):
         assets += [f"/static/{m}" for m in re.findall(r'from "\./([^"]+)"', f.read_text())]
     assert len(set(assets)) >= 8
     for a in set(assets):
-        assert httpx.get(base + a).status_code == 200, a
+        assert get(base + a).status_code == 200, a
     # nothing is loaded from elsewhere: no URL to another host in any asset, no CDN, no web font
     for f in STATIC.iterdir():
         text = f.read_text()
@@ -183,7 +188,7 @@ def test_the_otlp_download_goes_back_in_with_ingest(api, tmp_path):
     # the file itself opens in the console, like any exported OTLP file
     tapes = open_tapes(files=[str(path)])
     with serve_console(tapes) as url:
-        listed = httpx.get(url + "/api/runs").json()["runs"]
+        listed = get(url + "/api/runs").json()["runs"]
         assert [x["ref"] for x in listed] == [ref]
     tapes.close()
 
@@ -194,13 +199,13 @@ def test_a_token_gates_every_read(demo):
     with serve_console(tapes, token="s3cret") as url:
         for path in ("/api/runs", "/api/info", "/api/verify", f"/api/runs/{out['run_id']}",
                      f"/api/runs/{out['run_id']}/otlp", "/api/sessions/demo-session"):
-            r = httpx.get(url + path)
+            r = get(url + path)
             assert r.status_code == 401, path
             assert r.headers["www-authenticate"].startswith("Bearer")
             assert out["run_id"] not in r.text
-            assert httpx.get(url + path, headers={"Authorization": "Bearer s3cre"}).status_code == 401
-        assert httpx.get(url + "/api/runs", headers={"Authorization": "Bearer s3cret"}).json()["total"] == 3
-        assert httpx.get(url + "/").status_code == 200  # the page holds no content; it asks for the token
+            assert get(url + path, headers={"Authorization": "Bearer s3cre"}).status_code == 401
+        assert get(url + "/api/runs", headers={"Authorization": "Bearer s3cret"}).json()["total"] == 3
+        assert get(url + "/").status_code == 200  # the page holds no content; it asks for the token
     tapes.close()
 
 
@@ -229,7 +234,7 @@ def test_agenttape_console_command(demo, tmp_path):
         line = server.stdout.readline()
         info = json.loads(line)
         assert info["token_required"] is True and info["url"].startswith("http://127.0.0.1:")
-        r = httpx.get(info["url"] + "api/runs", headers={"Authorization": "Bearer t0k"})
+        r = get(info["url"] + "api/runs", headers={"Authorization": "Bearer t0k"})
         assert r.json()["total"] == 3
     finally:
         server.terminate()
@@ -257,9 +262,25 @@ def test_the_demo_ends_with_the_console_and_serves_it(tmp_path):
                 url = m.group(1)
                 break
         assert url, server.stderr.read()
-        runs = httpx.get(url + "api/runs").json()["runs"]
+        runs = get(url + "api/runs").json()["runs"]
         assert sorted(r["agent"] for r in runs) == ["coordinator", "critic", "researcher"]
-        assert httpx.get(url).status_code == 200
+        assert get(url).status_code == 200
     finally:
         server.terminate()
         assert server.wait(20) == 0
+
+
+def test_a_parquet_lake_reads_the_same(demo, tmp_path):
+    folder, db, out = demo
+    lake = tmp_path / "lake"
+    assert agenttape("export", "parquet", str(lake), "--db", str(db), cwd=tmp_path).returncode == 0
+    tapes = open_tapes(lake=str(lake))
+    with serve_console(tapes) as url:
+        runs = get(url + "/api/runs").json()["runs"]
+        assert sorted(r["agent"] for r in runs) == ["coordinator", "critic", "researcher"]
+        root = next(r["ref"] for r in runs if r["agent"] == "coordinator")
+        assert get(url + f"/api/runs/{root}/tree").json()["runs"] == 3
+        assert get(url + "/api/verify").json()["tapes"][0]["valid"] is True
+    tapes.close()
+    with pytest.raises(ConsoleError, match="no Parquet lake"):
+        open_tapes(lake=str(tmp_path / "nowhere"))

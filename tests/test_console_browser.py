@@ -29,6 +29,11 @@ from console_app import (
     serve_console,
 )
 
+def get(url: str, **kwargs) -> httpx.Response:
+    """A GET with room for a loaded machine (the default 5 s is short for a store scan under load)."""
+    return httpx.get(url, timeout=120, **kwargs)
+
+
 HERE = Path(__file__).resolve().parent
 TOKEN = "console-test-token"
 READY = 'body[data-ready]:not([data-ready=""])'
@@ -308,11 +313,11 @@ def test_requests_without_the_token_are_refused(console, browser, shots):
     url, ids, _ = console
     for path in ("/api/runs", "/api/info", f"/api/runs/{ids['demo']['run_id']}/steps", "/api/verify",
                  f"/api/runs/{ids['demo']['run_id']}/otlp"):
-        r = httpx.get(url + path)
+        r = get(url + path)
         assert r.status_code == 401, path
         assert "agenttape" not in r.text.replace("agenttape\"", "")  # no content in the refusal
-        assert httpx.get(url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert httpx.get(url + "/api/runs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        assert get(url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert get(url + "/api/runs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     context = browser.new_context()
     pg = context.new_page()
     pg.goto(url + "/")

@@ -62,7 +62,7 @@ export async function route() {
   document.body.dataset.ready = "";
   try {
     const src = document.getElementById("source");
-    if (!src.textContent) src.textContent = (await get("info")).source || "";
+    if (!src.textContent) get("info").then((i) => { src.textContent = i.source || ""; }).catch(() => {});
     const [page, a, b] = parts;
     let stop = null;
     if (!page) { markNav("runs"); stop = await runsView(view, params, showError); }
