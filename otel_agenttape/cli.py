@@ -263,6 +263,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from otel_agenttape.tape.rebuild import reconstruct_tree
     from otel_agenttape.tape.verification import verify_store
 
+    if args.json and args.serve:
+        raise CliError("--serve prints the console's URL as text: use it without --json")
     holder = read_discovery(args.db)
     if holder is not None:
         raise CliError(f"cannot run the demo: {args.db} is in use by `agenttape serve` (pid {holder['pid']} at "
@@ -323,7 +325,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"  agenttape verify --db {args.db}")
     print(f"  agenttape sql \"SELECT name, duration_ms FROM spans ORDER BY start_time_unix_nano\" --db {args.db}")
     print("  agenttape serve   # then point any OTLP exporter at http://127.0.0.1:4318")
+    from otel_agenttape.console.cli import demo_console
+
+    demo_console(args.db, serve=args.serve, port=args.console_port)
     return EXIT_OK if valid else EXIT_FAILED
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    """Serve the web console over a store, a lake or OTLP files (read-only), until SIGINT/SIGTERM."""
+    from otel_agenttape.console.cli import run
+
+    return run(args)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -355,7 +367,20 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="record a scripted multi-agent run offline, then show and verify it")
     p.add_argument("--db", default=default_db(), help="DuckDB file to record into (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--serve", action="store_true", help="then serve the console on the demo's store until Ctrl-C")
+    p.add_argument("--console-port", type=int, default=None, help="the console's port with --serve (default 4380)")
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("console", help="browse runs, trees, diffs and verification in a web page (read-only)")
+    p.add_argument("files", nargs="*", metavar="FILE", help="OTLP files (JSON, JSON lines, protobuf, .gz)")
+    p.add_argument("--db", default=None, help="DuckDB tape store (env AGENTTAPE_DB, default ./agenttape.duckdb)")
+    p.add_argument("--lake", metavar="DIR", default=None, help="a Parquet lake folder")
+    p.add_argument("--host", default=_env("CONSOLE_HOST", "127.0.0.1"), help="bind address (default %(default)s)")
+    p.add_argument("--port", type=int, default=None, help="port, 0 = any free one (env AGENTTAPE_CONSOLE_PORT, "
+                   "default 4380)")
+    p.add_argument("--token", default=_env("TOKEN"), help="require this bearer token for every read (env AGENTTAPE_TOKEN)")
+    p.add_argument("--insecure-no-auth", action="store_true", help="allow a non-loopback address without a token")
+    p.add_argument("--json", action="store_true", help="print the startup line as JSON")
+    p.set_defaults(func=cmd_console)
     p = sub.add_parser("doctor", help="check packages, export settings, store and receiver; show loss counters")
     p.add_argument("--db", default=default_db(), help="DuckDB file (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
