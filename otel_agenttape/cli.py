@@ -66,6 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         parquet_dir=args.parquet_dir,
         token=args.token,
         ingest_workers=args.ingest_workers,
+        query_timeout=args.query_timeout,
         warm_workers=True,
     )
     try:
@@ -167,7 +168,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from otel_agenttape.commands import store as commands
 
     fmt = "json" if args.json else "csv" if args.csv else "text"
-    return _store_call(commands.sql, args.db, args.query, fmt=fmt)
+    return _store_call(commands.sql, args.db, args.query, fmt=fmt, timeout=args.timeout)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -337,6 +338,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", default=_env("TOKEN"), help="require Authorization: Bearer TOKEN (env AGENTTAPE_TOKEN)")
     p.add_argument("--ingest-workers", type=int, default=None, metavar="N",
                    help="processes decoding and converting requests to rows (default: one per core, max 4; 0: none)")
+    p.add_argument("--query-timeout", type=float, default=None, metavar="SECONDS",
+                   help="interrupt a POST /api/query (and `agenttape sql`) query after this long (default 30; 0: never)")
     p.add_argument("--json", action="store_true", help="print the startup line as JSON")
     p.set_defaults(func=cmd_serve)
 
@@ -389,6 +392,8 @@ def _build_parser() -> argparse.ArgumentParser:
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print a JSON array")
     fmt.add_argument("--csv", action="store_true", help="print CSV with a header row")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="interrupt the query after this long (default %(default)s; 0: never; a server's own limit still applies)")
     p.set_defaults(func=cmd_sql)
 
     p = sub.add_parser("export", help="export the store (export parquet DIR)")

@@ -113,11 +113,11 @@ def runs(db: str, limit: int = 20, as_json: bool = False, out: TextIO | None = N
     return 0
 
 
-def sql(db: str, query: str, fmt: str = "text", out: TextIO | None = None) -> int:
-    """Run one read-only query and print its rows."""
+def sql(db: str, query: str, fmt: str = "text", out: TextIO | None = None, timeout: float | None = 30.0) -> int:
+    """Run one read-only query and print its rows; it is interrupted after ``timeout`` seconds."""
     out = out or sys.stdout
     with open_reader(db) as reader:
-        table = run_readonly_sql(reader, query)
+        table = run_readonly_sql(reader, query, timeout=timeout)
     print_table(table, out, fmt)
     return 0
 
