@@ -328,6 +328,10 @@ class TapeServer:
         p, w = self.pipeline, self.wal
         gauges = {
             "agenttape_ready": ("1 once the receiver accepts requests.", 1 if self._ready else 0),
+            "agenttape_writable": ("0 while the WAL or the store cannot write (disk full, I/O error).",
+                                   0 if self._ready and self.health() else 1),
+            "agenttape_wal_write_errors": ("Failed WAL writes since start (those requests got 503).",
+                                           w.write_errors if w else 0),
             "agenttape_queue_bytes": ("Accepted bytes not yet in the store.", p.queued_bytes if p else 0),
             "agenttape_queue_items": ("Accepted spans and log records not yet in the store.", p.queued_items if p else 0),
             "agenttape_queue_requests": ("Accepted requests not yet in the store.", p.queued_requests if p else 0),
