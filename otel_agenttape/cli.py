@@ -301,11 +301,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     checks = diagnose(args.db)
     if args.json:
-        print(json.dumps([{"name": c.name, "ok": c.ok, "detail": c.detail, "data": c.data} for c in checks],
+        print(json.dumps([{"name": c.name, "ok": c.ok, "status": c.status, "detail": c.detail, "data": c.data}
+                          for c in checks],
                          indent=2, default=str))
     else:
         for c in checks:
-            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}")
+            print(f"{c.status:<4}  {c.name}: {c.detail}")
         print("Capture counters (spans dropped, exporter errors, cut payloads) live in the agent process: "
               "tape.stats().")
     return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED

@@ -6,8 +6,10 @@ the test fills (needs the right to mount; skipped otherwise)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +23,12 @@ HERE = Path(__file__).parent
 
 def _post(c: httpx.Client, url: str, req) -> int:
     return c.post(f"{url}/v1/traces", content=req.SerializeToString(), headers=PB).status_code
+
+
+def _doctor(db: str) -> tuple[int, dict]:
+    out = subprocess.run([sys.executable, "-m", "otel_agenttape.cli", "doctor", "--db", db, "--json"],
+                         capture_output=True, text=True, env=free_env(), timeout=120)
+    return out.returncode, {c["name"]: c for c in json.loads(out.stdout)}
 
 
 def _all_stored(url: str, acked: set, timeout: float = 30) -> list:
@@ -52,12 +60,19 @@ def test_injected_enospc_fails_only_while_full_and_recovers_without_restart(tmp_
             assert metric(metrics, "agenttape_writable") == 0 and metric(metrics, "agenttape_wal_write_errors") >= 4
             time.sleep(1.5)  # the disk probe keeps failing while full
             assert c.get(f"{url}/healthz").status_code == 503
+            code, checks = _doctor(db)
+            assert code == 1 and checks["receiver"]["status"] == "FAIL"
+            assert "No space left on device" in checks["receiver"]["detail"]
             flag.unlink()  # space is back
             assert wait_for(lambda: c.get(f"{url}/healthz").status_code == 200, 10)
             for req in refused:  # what a client retries after its 503
                 assert _post(c, url, req) == 200
                 acked |= span_keys(req)
             assert metric(c.get(f"{url}/metrics").text, "agenttape_writable") == 1
+            code, checks = _doctor(db)  # what failed before is information now
+            assert code == 0, checks
+            assert checks["past losses"]["status"] == "info"
+            assert "4 write-ahead log writes failed" in checks["past losses"]["detail"]
         stored = _all_stored(url, acked)
         assert sorted(stored) == sorted(acked)  # every acknowledged span, once
     finally:
