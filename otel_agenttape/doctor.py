@@ -212,7 +212,7 @@ def _offline(db: str) -> list[Check]:
     pending = sum(p.stat().st_size for p in wal.glob("*") if p.is_file()) if wal.is_dir() else 0
     if pending:
         checks.append(Check("write-ahead log", True, f"{pending} bytes in {wal}: applied (deduplicated) "
-                                                     f"the next time `agenttape serve --db {db}` starts"))
+                                                     f"the next time `agenttape serve --db {db}` starts", info=True))
     try:
         reader = open_reader(db)
     except StoreError as exc:
