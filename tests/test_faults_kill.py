@@ -11,7 +11,6 @@ import collections
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import httpx
