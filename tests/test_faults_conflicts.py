@@ -11,6 +11,7 @@ import httpx
 from faults_util import metric, serve, stop, stored_keys, wait_for
 from receiver_util import PB, free_env, span_keys, trace_request
 
+from otel_agenttape.store import rows
 from otel_agenttape.store.writer import Store
 
 
@@ -29,6 +30,20 @@ def test_store_counts_conflicts_apart_from_duplicates():
     assert res.conflict_example == f"{sp.trace_id.hex()}/{sp.span_id.hex()}"
     names = store.cursor().sql("SELECT name FROM spans ORDER BY name").fetchall()
     assert [n for (n,) in names] == ["chat gpt-x 0", "chat gpt-x 1", "chat gpt-x 2"]  # the stored one is kept
+    store.close()
+
+
+def test_conflicts_within_one_batch_are_counted_too():
+    """Requests that arrive together are stored in one write: a re-send among them is compared with
+    the first copy, not only with what is already stored."""
+    req = trace_request(3)
+    forged = type(req)()
+    forged.CopyFrom(req)
+    forged.resource_spans[0].scope_spans[0].spans[0].status.code = 2
+    store = Store(None)
+    res = store.write_tables(rows.concat([rows.traces_to_tables([req]), rows.traces_to_tables([req]),
+                                          rows.traces_to_tables([forged])]))
+    assert (res.spans_stored, res.duplicates, res.conflicts) == (3, 5, 1)
     store.close()
 
 

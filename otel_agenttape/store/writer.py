@@ -238,7 +238,8 @@ class Store:
                 self._writing = False
 
     def _insert(self, con: duckdb.DuckDBPyConnection, t: rows.Tables) -> WriteResult:
-        out = WriteResult(duplicates=t.in_batch_duplicates)
+        out = WriteResult(duplicates=t.in_batch_duplicates - t.in_batch_conflicts, conflicts=t.in_batch_conflicts,
+                          conflict_example=t.conflict_example)
         spans, events, links, logs = t.spans, t.span_events, t.span_links, t.log_records
         span_hashes = log_hashes = None
         if spans.num_rows:
@@ -254,8 +255,8 @@ class Store:
                 if dup.num_rows:
                     keys = pa.chunked_array(dup.column(0).chunks).combine_chunks()
                     resent = pc.is_in(_key(spans, ["trace_id", "span_id"]), keys)
-                    self._count_conflicts(con, spans.filter(resent), out)
-                    out.duplicates += dup.num_rows - out.conflicts
+                    n = self._count_conflicts(con, spans.filter(resent), out)
+                    out.duplicates += dup.num_rows - n
                     keep = pc.invert(resent)
                     spans = spans.filter(keep)
                     span_hashes = span_hashes[keep.to_numpy(zero_copy_only=False)]
@@ -325,8 +326,8 @@ class Store:
         return out
 
     @staticmethod
-    def _count_conflicts(con: duckdb.DuckDBPyConnection, resent: pa.Table, out: WriteResult) -> None:
-        """Of the re-sent spans, count those whose content differs from the stored span."""
+    def _count_conflicts(con: duckdb.DuckDBPyConnection, resent: pa.Table, out: WriteResult) -> int:
+        """Of the re-sent spans, count (into ``out``, and return) those whose content differs from the stored span."""
         con.register("_n_resent", resent)
         try:
             found = con.sql(
@@ -335,7 +336,9 @@ class Store:
             ).fetchall()[0]
         finally:
             con.unregister("_n_resent")
-        out.conflicts, out.conflict_example = int(found[0]), found[1]
+        out.conflicts += int(found[0])
+        out.conflict_example = out.conflict_example or found[1]
+        return int(found[0])
 
     def _row_counts(self) -> list[int]:
         """Rows in spans, span_events, span_links: the rowid of the next row appended to each."""
