@@ -66,6 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         parquet_dir=args.parquet_dir,
         token=args.token,
         ingest_workers=args.ingest_workers,
+        query_timeout=args.query_timeout,
         warm_workers=True,
         lake=args.lake,
         receiver_id=args.receiver_id,
@@ -175,7 +176,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from otel_agenttape.commands import store as commands
 
     fmt = "json" if args.json else "csv" if args.csv else "text"
-    return _store_call(commands.sql, args.lake or args.db, args.query, fmt=fmt)
+    return _store_call(commands.sql, args.lake or args.db, args.query, fmt=fmt, timeout=args.timeout)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -346,11 +347,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     checks = diagnose(args.db)
     if args.json:
-        print(json.dumps([{"name": c.name, "ok": c.ok, "detail": c.detail, "data": c.data} for c in checks],
+        print(json.dumps([{"name": c.name, "ok": c.ok, "status": c.status, "detail": c.detail, "data": c.data}
+                          for c in checks],
                          indent=2, default=str))
     else:
         for c in checks:
-            print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}")
+            print(f"{c.status:<4}  {c.name}: {c.detail}")
         print("Capture counters (spans dropped, exporter errors, cut payloads) live in the agent process: "
               "tape.stats().")
     return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
@@ -396,6 +398,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", default=_env("TOKEN"), help="require Authorization: Bearer TOKEN (env AGENTTAPE_TOKEN)")
     p.add_argument("--ingest-workers", type=int, default=None, metavar="N",
                    help="processes decoding and converting requests to rows (default: one per core, max 4; 0: none)")
+    p.add_argument("--query-timeout", type=float, default=None, metavar="SECONDS",
+                   help="interrupt a POST /api/query (and `agenttape sql`) query after this long (default 30; 0: never)")
     p.add_argument("--json", action="store_true", help="print the startup line as JSON")
     _lake_serve_args(p)
     p.set_defaults(func=cmd_serve)
@@ -457,6 +461,8 @@ def _build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--json", action="store_true", help="print a JSON array")
     fmt.add_argument("--csv", action="store_true", help="print CSV with a header row")
     _lake_read_arg(p)
+    p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="interrupt the query after this long (default %(default)s; 0: never; a server's own limit still applies)")
     p.set_defaults(func=cmd_sql)
 
     p = sub.add_parser("export", help="export the store (export parquet DIR)")

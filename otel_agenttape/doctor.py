@@ -2,7 +2,15 @@
 
 It reads what each part already exposes (package versions, the OTLP export settings that ``setup()``
 would use, the store file, a running receiver's ``/healthz`` and ``/metrics``) and reports every
-counter of loss — rejected spans, store errors, pending write-ahead log — so no drop stays silent.
+counter of loss — rejected spans, store errors, conflicting re-sends, pending write-ahead log — so no
+drop stays silent.
+
+The rule for the exit code: doctor fails (exit 1) only on what is wrong now — a missing package, an
+unusable signing key, no store, a receiver whose ``/healthz`` is not 200 (its reason is shown) or whose
+``/metrics`` cannot be read, an ingest queue that is full right now. What went wrong before (spans
+rejected, store writes that failed and were retried, requests refused while the queue was full,
+conflicting re-sends) is listed as information with its counts and reasons: a receiver that refused
+one bad span an hour ago is working now.
 """
 
 from __future__ import annotations
@@ -18,9 +26,19 @@ from typing import Any
 _PACKAGES = ("otel-agenttape", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http",
              "opentelemetry-exporter-otlp-proto-grpc", "opentelemetry-proto", "protobuf", "duckdb", "pyarrow")
 _LOSS_METRICS = ("agenttape_spans_rejected_total", "agenttape_logs_rejected_total",
-                 "agenttape_store_errors_total", "agenttape_parquet_errors_total", "agenttape_backpressure_total")
+                 "agenttape_store_errors_total", "agenttape_parquet_errors_total", "agenttape_backpressure_total",
+                 "agenttape_spans_conflicting_total", "agenttape_wal_write_errors")
 _INFO_METRICS = ("agenttape_spans_accepted_total", "agenttape_spans_stored_total",
-                 "agenttape_spans_duplicate_total", "agenttape_wal_lag_records", "agenttape_queue_bytes")
+                 "agenttape_spans_duplicate_total", "agenttape_spans_conflicting_total", "agenttape_wal_lag_records",
+                 "agenttape_queue_bytes")
+_PAST = {  # loss counter -> how doctor names it
+    "agenttape_spans_rejected_total": "spans rejected",
+    "agenttape_logs_rejected_total": "log records rejected",
+    "agenttape_store_errors_total": "store writes failed (retried from the write-ahead log)",
+    "agenttape_wal_write_errors": "write-ahead log writes failed (those requests got 503 and are retried by the client)",
+    "agenttape_backpressure_total": "requests refused with 429 while the queue was full (retried by the client)",
+    "agenttape_parquet_errors_total": "Parquet lake writes failed (DuckDB holds the rows)",
+}
 
 
 @dataclass
@@ -29,6 +47,12 @@ class Check:
     ok: bool
     detail: str
     data: dict[str, Any] = field(default_factory=dict)
+    info: bool = False  # a report (past losses), never a failure
+
+    @property
+    def status(self) -> str:
+        """``ok``, ``FAIL`` (wrong now: doctor exits 1) or ``info`` (happened before)."""
+        return "info" if self.info else "ok" if self.ok else "FAIL"
 
 
 def _versions() -> Check:
@@ -100,23 +124,42 @@ def _signing_key() -> Check | None:
     return Check("signing key", True, f"{where}: key {signer.name}; verify with --key {vkey}", {"vkey": vkey})
 
 
-def _scrape(url: str, token: str | None) -> dict[str, float]:
+def _scrape(url: str, token: str | None) -> dict[str, dict[str, float]]:
+    """Every series of ``/metrics``: {metric name: {label text: value}} (label text "" when unlabelled)."""
     req = urllib.request.Request(url.rstrip("/") + "/metrics")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(req, timeout=5) as resp:  # loopback: the discovery file's URL
         text = resp.read().decode("utf-8", "replace")
-    totals: dict[str, float] = {}
+    series: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
         name_labels, _, value = line.rpartition(" ")
-        name = name_labels.split("{", 1)[0]
+        name, _, labels = name_labels.partition("{")
         try:
-            totals[name] = totals.get(name, 0.0) + float(value)
+            series.setdefault(name, {})[labels.rstrip("}")] = float(value)
         except ValueError:
             continue
-    return totals
+    return series
+
+
+def _reasons(labelled: dict[str, float]) -> str:
+    """``invalid_id: 3, bad_timestamp: 1`` from the ``reason`` labels of one counter."""
+    parts = []
+    for labels, v in sorted(labelled.items()):
+        if v:
+            reason = labels.split('reason="', 1)[1].split('"', 1)[0] if 'reason="' in labels else labels
+            parts.append(f"{reason}: {int(v)}" if reason else str(int(v)))
+    return ", ".join(parts)
+
+
+def _health(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=5) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace").strip()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace").strip()
 
 
 def _outbox() -> Check | None:
@@ -142,23 +185,41 @@ def _served(db: str, info: dict[str, Any]) -> list[Check]:
     url, token = info.get("url"), info.get("token")
     checks: list[Check] = []
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=5) as resp:
-            healthy = resp.status == 200
+        status, reason = _health(url)
     except (urllib.error.URLError, OSError) as exc:
         return [Check("receiver", False, f"{db} is announced by pid {info.get('pid')} at {url}, "
                                          f"but /healthz failed: {exc}")]
-    checks.append(Check("receiver", healthy, f"pid {info.get('pid')} serves {db} at {url}; /healthz "
-                                              f"{'200' if healthy else 'not ready'}"))
+    healthy = status == 200
+    checks.append(Check("receiver", healthy, f"pid {info.get('pid')} serves {db} at {url}; /healthz {status}"
+                                              + ("" if healthy else f": {reason}"), {"healthz": status,
+                                                                                     "reason": reason}))
     try:
-        totals = _scrape(url, token)
+        series = _scrape(url, token)
     except (urllib.error.URLError, OSError) as exc:
         checks.append(Check("receiver metrics", False, f"/metrics failed: {exc}"))
         return checks
-    losses = {k: totals.get(k, 0.0) for k in _LOSS_METRICS}
-    info_values = {k: totals.get(k, 0.0) for k in _INFO_METRICS}
-    lost = {k: v for k, v in losses.items() if v}
-    detail = ", ".join(f"{k.removeprefix('agenttape_')}={int(v)}" for k, v in {**info_values, **losses}.items())
-    checks.append(Check("receiver counters", not lost, detail, {**info_values, **losses}))
+    totals = {name: sum(v.values()) for name, v in series.items()}
+    values = {k: totals.get(k, 0.0) for k in (*_INFO_METRICS, *_LOSS_METRICS)}
+    detail = ", ".join(f"{k.removeprefix('agenttape_')}={int(totals.get(k, 0.0))}" for k in _INFO_METRICS)
+    limit = totals.get("agenttape_queue_limit_bytes", 0.0)
+    full = bool(limit) and totals.get("agenttape_queue_bytes", 0.0) >= limit
+    checks.append(Check("receiver counters", not full, detail + ("; the ingest queue is full now (exports get 429)"
+                                                                 if full else ""), values))
+    past = []
+    for name, label in _PAST.items():
+        n = totals.get(name, 0.0)
+        if n:
+            why = _reasons(series.get(name, {}))
+            past.append(f"{int(n)} {label}" + (f" ({why})" if why and ":" in why else ""))
+    if past:
+        checks.append(Check("past losses", True, "; ".join(past) + " — the receiver works now; these counts are "
+                                                                  "since it started", values, info=True))
+    conflicts = int(totals.get("agenttape_spans_conflicting_total", 0.0))
+    if conflicts:
+        checks.append(Check("conflicting spans", True, f"{conflicts} re-sent span id(s) came with other content than "
+                                                       f"the stored span, which was kept: a client that reuses span ids, "
+                                                       f"or tampering (the receiver log names one)",
+                            {"agenttape_spans_conflicting_total": conflicts}, info=True))
     return checks
 
 
@@ -170,7 +231,7 @@ def _offline(db: str) -> list[Check]:
     pending = sum(p.stat().st_size for p in wal.glob("*") if p.is_file()) if wal.is_dir() else 0
     if pending:
         checks.append(Check("write-ahead log", True, f"{pending} bytes in {wal}: applied (deduplicated) "
-                                                     f"the next time `agenttape serve --db {db}` starts"))
+                                                     f"the next time `agenttape serve --db {db}` starts", info=True))
     try:
         reader = open_reader(db)
     except StoreError as exc:

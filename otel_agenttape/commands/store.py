@@ -108,13 +108,13 @@ def runs(db: Any, limit: int = 20, as_json: bool = False, out: TextIO | None = N
     return 0
 
 
-def sql(db: str, query: str, fmt: str = "text", out: TextIO | None = None) -> int:
-    """Run one read-only query and print its rows."""
+def sql(db: str, query: str, fmt: str = "text", out: TextIO | None = None, timeout: float | None = 30.0) -> int:
+    """Run one read-only query and print its rows; it is interrupted after ``timeout`` seconds."""
     from otel_agenttape.sources import open as open_tapes
 
     out = out or sys.stdout
     with open_tapes(db) as tapes:
-        table = tapes.sql(query)
+        table = tapes.sql(query, timeout=timeout)
     print_table(table, out, fmt)
     return 0
 

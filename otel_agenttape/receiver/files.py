@@ -113,9 +113,21 @@ def read_otlp_file(path: str | os.PathLike[str], signal: str | None = None) -> l
         raise
 
 
+_OTLP_JSON_KEYS = ("resourceSpans", "resource_spans", "resourceLogs", "resource_logs")
+
+
+def _not_otlp(where: str, doc: Any) -> DecodeError:
+    found = f"keys: {', '.join(sorted(map(str, doc))[:5])}" if isinstance(doc, dict) else f"a JSON {type(doc).__name__}"
+    return DecodeError(f"{where}: not an OTLP export (an OTLP JSON document holds resourceSpans or resourceLogs; "
+                       f"found {found or 'an empty object'})")
+
+
 def _read_json(p: Path, data: bytes) -> list[tuple[str, Validated]]:
     out = []
     for n, raw, doc in _json_documents(p, data):
+        if not isinstance(doc, dict) or not any(k in doc for k in _OTLP_JSON_KEYS):
+            # e.g. {"foo": 1} or a capture JSONL file: it would decode as an empty request
+            raise _not_otlp(f"{p}:{n}" if n is not None else str(p), doc)
         sig = _json_signal(doc)
         try:
             out.append((sig, _decode(sig, raw, JSON)))
@@ -127,9 +139,14 @@ def _read_json(p: Path, data: bytes) -> list[tuple[str, Validated]]:
 def _read_protobuf(p: Path, data: bytes, signal: str | None) -> list[tuple[str, Validated]]:
     sig = signal or (LOGS if "log" in p.name.lower() else TRACES)
     try:
-        return [(sig, _decode(sig, data, PROTOBUF))]
+        v = _decode(sig, data, PROTOBUF)
     except DecodeError as exc:
         raise DecodeError(f"{p}: {exc}") from None
+    resources = v.request.resource_logs if sig == LOGS else v.request.resource_spans
+    if not len(resources):  # bytes that parse only as unknown fields: not an export of this signal
+        raise DecodeError(f"{p}: not an OTLP {sig} protobuf request (no resource {'logs' if sig == LOGS else 'spans'} "
+                          f"in {len(data)} bytes; --signal says which signal a protobuf file holds)")
+    return [(sig, v)]
 
 
 def read_outbox_folder(path: str | os.PathLike[str]) -> list[tuple[str, Validated]]:

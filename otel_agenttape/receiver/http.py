@@ -52,6 +52,7 @@ class HttpContext:
     is_ready: Callable[[], bool]
     render_metrics: Callable[[], str]
     run_query: Callable[[bytes], tuple[int, str, bytes]]  # POST /api/query body -> (status, type, body)
+    health: Callable[[], str | None] | None = None  # why /healthz answers 503 (None: healthy)
 
 
 class _Server(ThreadingHTTPServer):
@@ -202,8 +203,9 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         ctx = self.server.ctx
         if path == "/healthz":
-            ok = ctx.is_ready()
-            self._send(200 if ok else 503, b"ok\n" if ok else b"starting\n", "text/plain; charset=utf-8")
+            reason = ctx.health() if ctx.health is not None else (None if ctx.is_ready() else "starting")
+            body = b"ok\n" if reason is None else reason.encode("utf-8", "replace") + b"\n"
+            self._send(200 if reason is None else 503, body, "text/plain; charset=utf-8")
             return
         if not self._authorized():
             self._send_status(_HttpError(401, "missing or wrong bearer token"))

@@ -117,6 +117,7 @@ class IngestPipeline:
         self._reserved_items = 0
         self._in_flight = 0  # admitted requests not yet in the store
         self._store_failures = 0
+        self._last_store_error: str | None = None
         self._closing = False
         self._stopped = False
         self._thread: threading.Thread | None = None
@@ -288,6 +289,7 @@ class IngestPipeline:
                 self._to_sink(res)
                 self.metrics.inc("agenttape_spans_stored_total", getattr(res, "spans_stored", 0))
                 self.metrics.inc("agenttape_spans_duplicate_total", getattr(res, "duplicates", 0))
+                self._count_conflicts(res)
             if logs:
                 res = self.store.write_logs(logs)
                 self._to_sink(res)
@@ -297,8 +299,25 @@ class IngestPipeline:
             self._to_sink(res)
             self.metrics.inc("agenttape_spans_stored_total", res.spans_stored)
             self.metrics.inc("agenttape_spans_duplicate_total", res.duplicates)
+            self._count_conflicts(res)
             self.metrics.inc("agenttape_logs_stored_total", res.logs_stored)
         self.metrics.observe("agenttape_store_write_seconds", time.perf_counter() - start)
+
+    def _count_conflicts(self, res: Any) -> None:
+        """Re-sent span ids with other content: a buggy client or tampering; the stored span is kept."""
+        n = int(getattr(res, "conflicts", 0) or 0)
+        if n:
+            self.metrics.inc("agenttape_spans_conflicting_total", n)
+            log.warning("%d re-sent span(s) differ from the stored span with the same id (e.g. %s): "
+                        "kept the stored one", n, getattr(res, "conflict_example", None))
+
+    @property
+    def store_error(self) -> str | None:
+        """Why the store cannot write now (the last failure, while writes keep failing), else None."""
+        with self._lock:
+            if self._store_failures >= _STORE_FAILURES_UNHEALTHY:
+                return self._last_store_error or "store writes are failing"
+        return None
 
     def _tables(self, batch: list[_Item]) -> list[rows.Tables]:
         """The rows of a batch in queue order; items queued without rows are converted now."""
@@ -392,6 +411,7 @@ class IngestPipeline:
             except Exception as exc:  # noqa: BLE001 - the data is safe in the WAL; retry
                 with self._lock:
                     self._store_failures += 1
+                    self._last_store_error = f"{type(exc).__name__}: {exc}"
                     self._room.notify_all()
                 self.metrics.inc("agenttape_store_errors_total")
                 log.error("store write failed (will retry): %s", exc)

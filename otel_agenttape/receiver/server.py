@@ -26,6 +26,10 @@ from otel_agenttape.receiver.metrics import Metrics, render_genai
 from otel_agenttape.receiver.pipeline import DEFAULT_MAX_QUEUE_BYTES, IngestPipeline
 from otel_agenttape.receiver.service import ExportService
 from otel_agenttape.receiver.wal import WriteAheadLog
+from otel_agenttape.store.sql import DEFAULT_QUERY_TIMEOUT
+
+DEFAULT_MAX_QUERIES = 4  # queries running at once; more wait up to _QUERY_SLOT_WAIT, then get 503
+_QUERY_SLOT_WAIT = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +96,8 @@ class TapeServer:
         receiver_id: str | None = None,
         lake_interval: float | None = None,
         lake_max_spans: int | None = None,
+        query_timeout: float | None = None,
+        max_queries: int = DEFAULT_MAX_QUERIES,
     ) -> None:
         self.db = None if db is None else str(db)
         self.host = host
@@ -122,8 +128,10 @@ class TapeServer:
         self._grpc: GrpcReceiver | None = None
         self._ready = False
         self._stopped = threading.Event()
-        self._query_lock = threading.Lock()
-        self._query_reader: Any = None
+        # seconds before a query is interrupted (0: never); each query runs on a cursor of its own
+        self.query_timeout = DEFAULT_QUERY_TIMEOUT if query_timeout is None else float(query_timeout)
+        self.max_queries = max(1, int(max_queries))
+        self._query_slots = threading.BoundedSemaphore(self.max_queries)
         self._genai_cache: tuple[float, str] = (0.0, "")
         self.replayed_records = 0
         # publication into a lake (store/lake/publish.py): the DuckDB file stays the hot store
@@ -155,6 +163,7 @@ class TapeServer:
                 token=self.token,
                 max_body=self.max_body,
                 is_ready=lambda: self._ready,
+                health=self.health,
                 render_metrics=self.render_metrics,
                 run_query=self._handle_query,
             )
@@ -239,13 +248,6 @@ class TapeServer:
         if self.wal is not None:
             self.wal.close(applied_all=drained)
             self.wal = None
-        with self._query_lock:
-            if self._query_reader is not None:
-                try:
-                    self._query_reader.close()
-                except Exception:  # noqa: BLE001 - closing a cursor of a store being closed
-                    pass
-                self._query_reader = None
         if self._own_store and self.store is not None:
             try:
                 self.store.close()
@@ -298,35 +300,69 @@ class TapeServer:
 
     # -- reads --------------------------------------------------------------------------------
 
+    def health(self) -> str | None:
+        """Why the receiver cannot take data now (``/healthz`` answers 503 with it), or None."""
+        if not self._ready:
+            return "starting: replaying the write-ahead log" if not self._stopped.is_set() else "stopped"
+        wal, pipeline = self.wal, self.pipeline
+        if wal is not None and wal.error is not None:
+            return f"the write-ahead log cannot write: {wal.error}"
+        if pipeline is not None:
+            reason = pipeline.store_error
+            if reason:
+                return f"the store cannot write: {reason}"
+        return None
+
     def _reader(self) -> Any:
         if self.store is None:
             raise RuntimeError("the server is not running")
-        if self._query_reader is None:
-            self._query_reader = self.store.reader()
-        return self._query_reader
+        return self.store.reader()
 
-    def query(self, sql: str, params: list[Any] | None = None) -> Any:
+    def query(self, sql: str, params: list[Any] | None = None, timeout: float | None = None) -> Any:
         """Run a read-only query against the store this server holds; returns a pyarrow Table."""
         from otel_agenttape.store.sql import run_readonly_sql
 
-        with self._query_lock:
-            return run_readonly_sql(self._reader(), sql, params)
+        reader = self._reader()
+        try:
+            return run_readonly_sql(reader, sql, params, timeout=self.query_timeout if timeout is None else timeout)
+        finally:
+            reader.close()
 
     def _handle_query(self, body: bytes) -> tuple[int, str, bytes]:
-        from otel_agenttape.store.queryapi import handle_query
+        from otel_agenttape.store.queryapi import busy, handle_query
 
-        with self._query_lock:
-            return handle_query(self._reader(), body)
+        if not self._query_slots.acquire(timeout=_QUERY_SLOT_WAIT):
+            return busy(f"{self.max_queries} queries are already running; retry later")
+        try:
+            reader = self._reader()
+            try:
+                status, ctype, out = handle_query(reader, body, self.query_timeout)
+            finally:
+                reader.close()
+        finally:
+            self._query_slots.release()
+        if status == 408:
+            self.metrics.inc("agenttape_queries_timed_out_total")
+        elif status == 400:
+            self.metrics.inc("agenttape_queries_refused_total")
+        return status, ctype, out
 
     def _internal_query(self, sql: str) -> Any:
-        with self._query_lock:
-            return self._reader().query(sql)
+        reader = self._reader()
+        try:
+            return reader.query(sql)
+        finally:
+            reader.close()
 
     def render_metrics(self) -> str:
         """Prometheus text for ``GET /metrics``."""
         p, w = self.pipeline, self.wal
         gauges = {
             "agenttape_ready": ("1 once the receiver accepts requests.", 1 if self._ready else 0),
+            "agenttape_writable": ("0 while the WAL or the store cannot write (disk full, I/O error).",
+                                   0 if self._ready and self.health() else 1),
+            "agenttape_wal_write_errors": ("Failed WAL writes since start (those requests got 503).",
+                                           w.write_errors if w else 0),
             "agenttape_queue_bytes": ("Accepted bytes not yet in the store.", p.queued_bytes if p else 0),
             "agenttape_queue_items": ("Accepted spans and log records not yet in the store.", p.queued_items if p else 0),
             "agenttape_queue_requests": ("Accepted requests not yet in the store.", p.queued_requests if p else 0),

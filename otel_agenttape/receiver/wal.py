@@ -5,12 +5,19 @@ waiting at that moment into a single write + fdatasync (group commit), so concur
 share one disk flush. Each record carries a CRC: a torn tail left by a crash is cut off at replay.
 Once the store holds every record of a segment, the segment is deleted.
 
+A failed write (disk full, I/O error) fails only the requests of that group: their ``append`` raises
+``OSError`` (the transport answers 503, the client retries), the bytes of the group are cut off the
+segment again, and the flusher keeps running. While the last write failed, ``error`` holds the reason
+(``/healthz`` reports it) and the flusher probes the disk every second with a small write of its own,
+so the log is healthy again as soon as space is back, without a restart.
+
 Record layout: ``<u32 payload length><u32 crc32(kind + payload)><u8 kind>`` then the payload
 (a serialized ``Export*ServiceRequest``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
@@ -18,12 +25,17 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 KIND_TRACES = 1
 KIND_LOGS = 2
 
 _HEADER = struct.Struct("<IIB")
 _SUFFIX = ".wal"
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+_PROBE_NAME = ".probe"
+_PROBE_BYTES = 64 * 1024
+_PROBE_SECONDS = 1.0
 
 
 class WalClosed(RuntimeError):
@@ -93,8 +105,11 @@ class WriteAheadLog:
         self._applied_seq = 0  # every record with seq <= this is in the store
         self._unapplied: set[int] = set()  # durable records not yet in the store
         self._segment_last_seq: dict[int, int] = {}  # closed segment number -> last seq in it
-        self._error: BaseException | None = None
+        self._error: BaseException | None = None  # the last write failed with this (None once one succeeds)
+        self._failed: dict[int, BaseException] = {}  # seq -> why its write failed, until append reports it
+        self._done_seq = 0  # every record with seq <= this was written or failed
         self._closed = False
+        self.write_errors = 0
         self.fsyncs = 0
         self.bytes_written = 0
         existing = self.segments()
@@ -137,24 +152,74 @@ class WriteAheadLog:
         with self._lock:
             if self._closed:
                 raise WalClosed("write-ahead log is closed")
-            if self._error is not None:
-                raise OSError(f"write-ahead log failed: {self._error}")
             seq = self._next_seq
             self._next_seq += 1
             self._pending.append(header)
             self._pending.append(payload)
             self._pending_bytes += len(header) + len(payload)
             self._work.notify()
-            while self._durable_seq < seq:
-                if self._error is not None:
-                    raise OSError(f"write-ahead log failed: {self._error}")
+            while self._done_seq < seq:
                 self._flushed.wait()
+            failed = self._failed.pop(seq, None)
+            if failed is not None:
+                raise OSError(f"write-ahead log failed: {failed}")
         return seq
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the last write failed, while no write since has succeeded (None when healthy)."""
+        return self._error
+
+    def _probe(self) -> None:
+        """Write, fsync and delete a small file beside the segments: clears ``error`` once it works."""
+        path = self.dir / _PROBE_NAME
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, [bytes(_PROBE_BYTES)])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with self._lock:
+                self._error = exc
+            return
+        finally:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        with self._lock:
+            self._error = None
+
+    def _fail(self, exc: BaseException, first_seq: int, last_seq: int) -> None:
+        """A group's write failed: cut its bytes off the segment and fail exactly its appends."""
+        try:
+            os.ftruncate(self._fh.fileno(), self._seg_size)  # shrinking needs no free space
+        except OSError:
+            # the segment cannot be mended: continue in a new one (replay stops at the torn tail)
+            self._rotate(self._durable_seq)
+        with self._lock:
+            self._error = exc
+            self.write_errors += 1
+            for seq in range(first_seq, last_seq + 1):
+                self._failed[seq] = exc
+            self._done_seq = last_seq
+            self._flushed.notify_all()
 
     def _run(self) -> None:
         while True:
             with self._lock:
                 while not self._pending and not self._closed:
+                    if self._error is not None:
+                        self._lock.release()
+                        try:
+                            self._probe()
+                        finally:
+                            self._lock.acquire()
+                        if self._error is not None and not self._pending and not self._closed:
+                            self._work.wait(_PROBE_SECONDS)
+                        continue
                     self._work.wait()
                 if not self._pending and self._closed:
                     return
@@ -165,27 +230,45 @@ class WriteAheadLog:
             try:
                 _write_all(self._fh.fileno(), chunks)
                 os.fdatasync(self._fh.fileno())
-            except BaseException as exc:  # disk full, I/O error: every waiter must learn it
+            except OSError as exc:  # disk full, I/O error: the waiters of this group must learn it
+                self._fail(exc, first_seq, last_seq)
+                continue
+            except BaseException as exc:  # not an I/O error: fail this group, stop the flusher
+                self._fail(exc, first_seq, last_seq)
                 with self._lock:
-                    self._error = exc
+                    self._closed = True
+                    for seq in range(last_seq + 1, self._next_seq):
+                        self._failed[seq] = exc
+                    self._done_seq = self._next_seq - 1
                     self._flushed.notify_all()
                 return
             self.fsyncs += 1
             self.bytes_written += size
             self._seg_size += size
-            rotate = self._seg_size >= self.segment_bytes
             with self._lock:
                 self._unapplied.update(range(first_seq, last_seq + 1))
-                self._durable_seq = last_seq
+                self._durable_seq = self._done_seq = last_seq
+                self._error = None
                 self._flushed.notify_all()
-                if rotate:
-                    self._segment_last_seq[self._seg_no] = last_seq
-            if rotate:
-                self._fh.close()
-                self._seg_no += 1
-                self._fh = self._open_segment(self._seg_no)
-                self._seg_size = 0
+            if self._seg_size >= self.segment_bytes and self._rotate(last_seq):
                 self._collect()
+
+    def _rotate(self, last_seq: int) -> bool:
+        """Continue in a new segment; the old one (records up to ``last_seq``) is deleted once applied.
+        False (and the current segment kept) when the new file cannot be created."""
+        try:
+            fh = self._open_segment(self._seg_no + 1)
+        except OSError as exc:
+            log.warning("cannot start a new write-ahead log segment (%s); continuing in %s", exc,
+                        _segment_name(self._seg_no))
+            return False
+        old, self._fh = self._fh, fh
+        old.close()
+        with self._lock:
+            self._segment_last_seq[self._seg_no] = last_seq
+        self._seg_no += 1
+        self._seg_size = 0
+        return True
 
     def mark_applied(self, seqs: list[int]) -> None:
         """These records are in the store: delete segments that hold nothing still unapplied."""

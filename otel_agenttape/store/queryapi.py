@@ -1,7 +1,10 @@
 """The server side of ``POST /api/query``: JSON {"sql", "params"} in, Arrow IPC stream out.
 
 The receiver routes the request body here with a reader over its own database (``Store.reader()``),
-so reads work while it holds the DuckDB file. Errors come back as JSON {"error": message}.
+so reads work while it holds the DuckDB file. Each query runs on a cursor of its own (``sql.py``), so
+a long query holds no lock that other queries or ``/metrics`` wait for, and it is interrupted at the
+server's timeout; a request may ask for a shorter one with ``"timeout": SECONDS``. Errors come back
+as JSON {"error": message}: 400 for a refused or failed query, 408 for one interrupted at its timeout.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from otel_agenttape.store.reader import ARROW_STREAM, QueryError, Reader
-from otel_agenttape.store.sql import run_readonly_sql
+from otel_agenttape.store.sql import DEFAULT_QUERY_TIMEOUT, QueryTimeout, run_readonly_sql
 
 
 def table_to_ipc(table: pa.Table) -> bytes:
@@ -27,8 +30,15 @@ def _error(status: int, message: str) -> tuple[int, str, bytes]:
     return status, "application/json", json.dumps({"error": message}).encode()
 
 
-def handle_query(reader: Reader, body: bytes) -> tuple[int, str, bytes]:
-    """Answer one query request: (HTTP status, content type, body)."""
+def busy(message: str) -> tuple[int, str, bytes]:
+    """503: every query slot is taken."""
+    return _error(503, message)
+
+
+def handle_query(reader: Reader, body: bytes,
+                 timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> tuple[int, str, bytes]:
+    """Answer one query request: (HTTP status, content type, body). ``timeout`` is the server's limit
+    (None or 0: none); the request's own ``timeout`` can only lower it."""
     try:
         req = json.loads(body or b"{}")
     except ValueError as exc:
@@ -38,8 +48,15 @@ def handle_query(reader: Reader, body: bytes) -> tuple[int, str, bytes]:
     params = req.get("params") or None
     if params is not None and not isinstance(params, list):
         return _error(400, "params must be a list")
+    asked = req.get("timeout")
+    if asked is not None:
+        if isinstance(asked, bool) or not isinstance(asked, (int, float)) or asked <= 0:
+            return _error(400, "timeout must be a positive number of seconds")
+        timeout = min(float(asked), timeout) if timeout else float(asked)
     try:
-        table = run_readonly_sql(reader, req["sql"], params)
+        table = run_readonly_sql(reader, req["sql"], params, timeout=timeout)
+    except QueryTimeout as exc:
+        return _error(408, str(exc))
     except QueryError as exc:
         return _error(400, str(exc))
     return 200, ARROW_STREAM, table_to_ipc(table)

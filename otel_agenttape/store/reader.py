@@ -13,6 +13,7 @@ import glob
 import json
 import os
 import re
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -99,6 +100,13 @@ class ConnectionReader(Reader):
         self.description = description
         self.kind = kind
         self._owns = owns
+        self._cursor_lock = threading.Lock()
+
+    def new_cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection of its own on the same database: one query on it blocks no other (``sql.py``
+        runs each user query on one, inside a transaction it rolls back)."""
+        with self._cursor_lock:
+            return self.con.cursor()
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
         try:
@@ -122,8 +130,12 @@ class HttpReader(Reader):
         self.timeout = timeout
         self.description = description or self.url
 
-    def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
-        body = json.dumps({"sql": sql, "params": list(params) if params else []}, default=str).encode()
+    def query(self, sql: str, params: Sequence[Any] | None = None, timeout: float | None = None) -> pa.Table:
+        """Run ``sql`` on the server; ``timeout`` (seconds) asks it to stop the query sooner than its own limit."""
+        doc: dict[str, Any] = {"sql": sql, "params": list(params) if params else []}
+        if timeout:
+            doc["timeout"] = float(timeout)
+        body = json.dumps(doc, default=str).encode()
         req = urllib.request.Request(
             self.url + "/api/query",
             data=body,
@@ -133,7 +145,8 @@ class HttpReader(Reader):
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            wait = self.timeout if not timeout else max(self.timeout, float(timeout) + 10.0)
+            with urllib.request.urlopen(req, timeout=wait) as resp:
                 data = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode("utf-8", "replace")

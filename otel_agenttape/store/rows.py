@@ -133,7 +133,9 @@ class Tables:
     span_links: pa.Table
     resources: pa.Table
     log_records: pa.Table
-    in_batch_duplicates: int = 0
+    in_batch_duplicates: int = 0  # repeats dropped, conflicts included
+    in_batch_conflicts: int = 0  # repeats whose content differs from the first copy (conflicts.py)
+    conflict_example: str | None = None
 
     def as_dict(self) -> dict[str, pa.Table]:
         return {
@@ -170,6 +172,7 @@ def concat(parts: list[Tables]) -> Tables:
     if n_spans and pc.count_distinct(pa.chunked_array(chunks, type=pa.string())).as_py() < n_spans:
         seen: set[Any] = set()
         fixed = []
+        repeats = []
         for p, keys in zip(parts, span_keys):
             keep = pa.array(_first_seen(keys.to_pylist(), seen), type=pa.bool_())
             if pc.all(keep).as_py():
@@ -177,6 +180,7 @@ def concat(parts: list[Tables]) -> Tables:
                 continue
             dropped = pc.filter(keys, pc.invert(keep))
             dups += len(dropped)
+            repeats.append(p.spans.filter(pc.invert(keep)))
 
             def others(t: pa.Table, dropped: pa.Array = dropped) -> pa.Table:
                 if not t.num_rows:
@@ -187,6 +191,12 @@ def concat(parts: list[Tables]) -> Tables:
             fixed.append(Tables(p.spans.filter(keep), others(p.span_events), others(p.span_links),
                                 p.resources, p.log_records))
         parts = fixed
+        from otel_agenttape.store.conflicts import count_differing
+
+        conflicts, example = count_differing(pa.concat_tables([p.spans for p in parts]), pa.concat_tables(repeats))
+        conflicts += sum(p.in_batch_conflicts for p in parts)
+    else:
+        conflicts, example = sum(p.in_batch_conflicts for p in parts), None
     logs = pa.concat_tables([p.log_records for p in parts])
     if logs.num_rows and pc.count_distinct(logs.column("log_id")).as_py() < logs.num_rows:
         keep = pa.array(_first_seen(logs.column("log_id").to_pylist(), set()), type=pa.bool_())
@@ -202,6 +212,8 @@ def concat(parts: list[Tables]) -> Tables:
         resources=res,
         log_records=logs,
         in_batch_duplicates=dups,
+        in_batch_conflicts=conflicts,
+        conflict_example=example,
     )
 
 

@@ -18,6 +18,7 @@ the ``spans`` row range of that batch, so a run is found without scanning ``span
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,7 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from otel_agenttape.store import rows, schema, views
+from otel_agenttape.store import rows, schema
+from otel_agenttape.store.ddl import create_schema
+from otel_agenttape.store.keyfilter import KeyFilter
 from otel_agenttape.store.reader import StoreOpenError, open_error_message
 
 
@@ -37,7 +40,9 @@ class WriteResult:
     """What one write stored. ``tables`` holds exactly the rows inserted (for the Parquet sink)."""
 
     spans_stored: int = 0
-    duplicates: int = 0
+    duplicates: int = 0  # re-sent spans and log records identical to the stored ones
+    conflicts: int = 0  # re-sent spans whose content differs from the stored span (the stored one is kept)
+    conflict_example: str | None = None  # "trace_id/span_id" of one of them, for the log
     logs_stored: int = 0
     tables: dict[str, pa.Table] = field(default_factory=dict, repr=False)
     span_hashes: Any = field(default=None, repr=False)  # key hashes of the stored rows, until commit
@@ -65,42 +70,11 @@ def locked_config(threads: int | None = None, memory_limit: str | None = None) -
     return config
 
 
-def create_schema(con: duckdb.DuckDBPyConnection) -> None:
-    """Create the tables (if missing), the writer's ``run_index``, and (re)create the views."""
-    for name in schema.TABLES:
-        con.execute(schema.table_ddl(name))
-    had_index = con.sql(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'run_index' AND schema_name = 'main'"
-    ).fetchall()[0][0]
-    con.execute(_RUN_INDEX_DDL)
-    if not had_index:  # a store written before run_index existed: index what it holds (whole tables)
-        con.execute(
-            "INSERT INTO run_index SELECT run_id, min(start_time_unix_nano), max(end_time_unix_nano), count(*), "
-            "min(rowid), max(rowid), (SELECT min(rowid) FROM span_events), (SELECT max(rowid) FROM span_events), "
-            "(SELECT min(rowid) FROM span_links), (SELECT max(rowid) FROM span_links) "
-            "FROM spans WHERE run_id IS NOT NULL GROUP BY run_id"
-        )
-    views.create_views(con)
-
-
 def _key(table: pa.Table, cols: list[str]) -> pa.Array:
     if len(cols) == 1:
         return table.column(cols[0])
     return pc.binary_join_element_wise(*[table.column(c) for c in cols], "")
 
-
-_RUN_INDEX_DDL = """CREATE TABLE IF NOT EXISTS run_index (
-  run_id VARCHAR NOT NULL,
-  start_time_unix_nano BIGINT NOT NULL,
-  end_time_unix_nano BIGINT NOT NULL,
-  spans BIGINT NOT NULL,
-  first_span_row BIGINT NOT NULL,
-  last_span_row BIGINT NOT NULL,
-  first_event_row BIGINT,
-  last_event_row BIGINT,
-  first_link_row BIGINT,
-  last_link_row BIGINT
-)"""
 
 # Where a run's rows are: the rowid ranges (spans, span_events, span_links) of every write that held
 # one of its spans. Then ``SELECT ... FROM spans WHERE rowid BETWEEN ? AND ? AND run_id = ?`` reads
@@ -115,48 +89,11 @@ _RUN_LOOKUP_COLUMNS = ("first_span_row", "last_span_row", "first_event_row", "la
                        "last_link_row", "start_time_unix_nano", "end_time_unix_nano", "spans")
 
 _SPAN_KEY = "trace_id || span_id"
+log = logging.getLogger(__name__)
 
-
-class KeyFilter:
-    """The 64-bit ``hash(key)`` of every stored row, in a few sorted arrays: "surely new" or "maybe stored".
-
-    8 bytes per stored key. Lookups are binary searches (cost grows with log n); new keys go in a
-    small sorted run that is merged with the runs no larger than twice its size (timsort merges sorted
-    runs in linear time), so each key is merged O(log n) times. Built from the table when the store opens.
-    """
-
-    def __init__(self, con: duckdb.DuckDBPyConnection, table: str, key_sql: str) -> None:
-        self.table = table
-        self.key_sql = key_sql
-        self._runs: list[np.ndarray] = []
-        self._rebuild(con)
-
-    @property
-    def count(self) -> int:
-        return sum(len(r) for r in self._runs)
-
-    def _rebuild(self, con: duckdb.DuckDBPyConnection) -> None:
-        t = con.sql(f"SELECT hash({self.key_sql}) FROM {self.table}").to_arrow_table()
-        keys = t.column(0).to_numpy() if t.num_rows else np.empty(0, dtype=np.uint64)
-        self._runs = [np.sort(keys.astype(np.uint64, copy=False))] if len(keys) else []
-
-    def maybe_stored(self, hashes: np.ndarray) -> np.ndarray:
-        """Boolean mask: True where the key may be stored (check exactly), False where it surely is not."""
-        hit = np.zeros(len(hashes), dtype=bool)
-        for run in self._runs:
-            i = np.searchsorted(run, hashes)
-            np.minimum(i, len(run) - 1, out=i)
-            hit |= run[i] == hashes
-        return hit
-
-    def added(self, con: duckdb.DuckDBPyConnection, hashes: np.ndarray) -> None:
-        """Record the keys of rows just inserted."""
-        if not len(hashes):
-            return
-        new = np.sort(hashes.astype(np.uint64, copy=False))
-        while self._runs and len(self._runs[-1]) <= 2 * len(new):
-            new = np.sort(np.concatenate((self._runs.pop(), new)), kind="stable")
-        self._runs.append(new)
+# A re-sent span differs from the stored one when any column does (every column comes from the span
+# itself: nothing is stamped at receive time, so an honest re-send is identical).
+_SPAN_DIFFERS = " OR ".join(f"n.{c} IS DISTINCT FROM s.{c}" for c in schema.column_names("spans"))
 
 
 def _rows_bytes(t: rows.Tables) -> int:
@@ -216,6 +153,7 @@ class Store:
         # are compressed once: writes cost about a third less CPU, the file is no larger, and scans
         # read row groups of a batch or more (tens of thousands of rows under load).
         config["max_vacuum_tasks"] = 0
+        self._config = config
         try:
             self.con = duckdb.connect(path or ":memory:", config=config)
         except duckdb.Error as exc:
@@ -277,9 +215,8 @@ class Store:
                 if result.logs_stored:
                     self._log_keys.added(con, result.log_hashes)
                 con.commit()
-            except BaseException:
-                con.rollback()
-                self._reload_filters()
+            except BaseException as exc:
+                self._abort(exc)
                 raise
             finally:
                 for name in ("_n_spans", "_n_events", "_n_links", "_n_logs", "_n_res"):
@@ -301,7 +238,8 @@ class Store:
                 self._writing = False
 
     def _insert(self, con: duckdb.DuckDBPyConnection, t: rows.Tables) -> WriteResult:
-        out = WriteResult(duplicates=t.in_batch_duplicates)
+        out = WriteResult(duplicates=t.in_batch_duplicates - t.in_batch_conflicts, conflicts=t.in_batch_conflicts,
+                          conflict_example=t.conflict_example)
         spans, events, links, logs = t.spans, t.span_events, t.span_links, t.log_records
         span_hashes = log_hashes = None
         if spans.num_rows:
@@ -315,9 +253,11 @@ class Store:
                     "ON s.trace_id = n.trace_id AND s.span_id = n.span_id"
                 ).to_arrow_table()
                 if dup.num_rows:
-                    out.duplicates += dup.num_rows
                     keys = pa.chunked_array(dup.column(0).chunks).combine_chunks()
-                    keep = pc.invert(pc.is_in(_key(spans, ["trace_id", "span_id"]), keys))
+                    resent = pc.is_in(_key(spans, ["trace_id", "span_id"]), keys)
+                    n = self._count_conflicts(con, spans.filter(resent), out)
+                    out.duplicates += dup.num_rows - n
+                    keep = pc.invert(resent)
                     spans = spans.filter(keep)
                     span_hashes = span_hashes[keep.to_numpy(zero_copy_only=False)]
                     if events.num_rows:
@@ -385,11 +325,54 @@ class Store:
         }
         return out
 
+    @staticmethod
+    def _count_conflicts(con: duckdb.DuckDBPyConnection, resent: pa.Table, out: WriteResult) -> int:
+        """Of the re-sent spans, count (into ``out``, and return) those whose content differs from the stored span."""
+        con.register("_n_resent", resent)
+        try:
+            found = con.sql(
+                "SELECT count(*), any_value(n.trace_id || '/' || n.span_id) FROM _n_resent n JOIN spans s "
+                f"ON s.trace_id = n.trace_id AND s.span_id = n.span_id WHERE {_SPAN_DIFFERS}"
+            ).fetchall()[0]
+        finally:
+            con.unregister("_n_resent")
+        out.conflicts += int(found[0])
+        out.conflict_example = out.conflict_example or found[1]
+        return int(found[0])
+
     def _row_counts(self) -> list[int]:
         """Rows in spans, span_events, span_links: the rowid of the next row appended to each."""
         return list(self.con.sql(
             "SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM span_events), (SELECT count(*) FROM span_links)"
         ).fetchall()[0])
+
+    def _abort(self, exc: BaseException) -> None:
+        """After a failed write: end its transaction, keeping ``exc`` as the error the caller sees.
+
+        A failed commit (disk full, I/O error) has already ended the transaction, so ``rollback``
+        then fails with "no transaction is active": that says nothing about the cause and is only
+        logged. A database DuckDB invalidated after a fatal error is opened again, so writes work
+        once the cause is gone, without a restart."""
+        try:
+            self.con.rollback()
+        except duckdb.Error as rb:
+            log.debug("rollback after a failed write: %s (the write failed with: %s)", rb, exc)
+        if self.path and "invalidated" in str(exc).lower():
+            self._reopen()
+        self._reload_filters()
+
+    def _reopen(self) -> None:
+        try:
+            self.con.close()
+        except duckdb.Error:
+            pass
+        try:
+            self.con = duckdb.connect(self.path or ":memory:", config=self._config)
+            self._writing = False
+            self._checkpoint_at_once = False
+            log.warning("reopened %s after a fatal write error", self.path)
+        except duckdb.Error as exc:
+            log.error("cannot reopen %s after a fatal write error: %s", self.path, exc)
 
     def _reload_filters(self) -> None:
         """After a failed write: the filters may list keys that were rolled back; rebuild them (still exact

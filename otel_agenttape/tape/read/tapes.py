@@ -165,8 +165,9 @@ class Tapes:
         run_id, trace_id = split_ref(ref)
         return build_resume_index(self.reader, run_id, trace_id=trace_id, **kwargs)
 
-    def sql(self, query: str, params: Sequence[Any] | None = None) -> Any:
-        """One read-only query (a ``pyarrow.Table``); writes and file access are refused."""
+    def sql(self, query: str, params: Sequence[Any] | None = None, timeout: float | None = 30.0) -> Any:
+        """One read-only query (a ``pyarrow.Table``); writes and file access are refused, and the query is
+        interrupted after ``timeout`` seconds (None or 0: no limit)."""
         from ...store.sql import run_readonly_sql
 
-        return run_readonly_sql(self.reader, query, params)
+        return run_readonly_sql(self.reader, query, params, timeout=timeout)
