@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from otel_agenttape.receiver.convert import ConvertPool, default_workers
 from otel_agenttape.receiver.decode import DEFAULT_MAX_BODY
 from otel_agenttape.receiver.grpc import GrpcReceiver
 from otel_agenttape.receiver.http import HttpContext, HttpReceiver
+from otel_agenttape.receiver.limits import Limits
 from otel_agenttape.receiver.metrics import Metrics, render_genai
 from otel_agenttape.receiver.pipeline import DEFAULT_MAX_QUEUE_BYTES, IngestPipeline
 from otel_agenttape.receiver.service import ExportService
@@ -80,6 +82,9 @@ class TapeServer:
         grpc_enabled: bool = True,
         ingest_workers: int | None = None,
         warm_workers: bool = False,
+        limits: Limits | None = None,
+        http_routes: Sequence[Any] = (),
+        http_fallback: Any = None,
     ) -> None:
         self.db = None if db is None else str(db)
         self.host = host
@@ -87,7 +92,11 @@ class TapeServer:
         self._grpc_port_req = grpc_port
         self.parquet_dir = None if parquet_dir is None else str(parquet_dir)
         self.token = token or None
-        self.max_body = max_body
+        # per-request and per-connection limits (``limits.py``); ``max_body`` is the one most callers set
+        self.limits = limits if limits is not None else Limits(max_body=max_body)
+        self.max_body = self.limits.max_body
+        self.http_routes = list(http_routes)  # more Starlette routes on the HTTP port (see receiver/http.py)
+        self.http_fallback = http_fallback  # an ASGI app for every other HTTP path, instead of a 404
         self.max_queue_bytes = max_queue_bytes
         self.grpc_enabled = grpc_enabled
         # processes decoding and converting requests to rows (None: one per core, up to 4; 0: in-process)
@@ -139,9 +148,10 @@ class TapeServer:
                 is_ready=lambda: self._ready,
                 render_metrics=self.render_metrics,
                 run_query=self._handle_query,
+                limits=self.limits,
             )
             # listen first: while the WAL replays, /healthz says 503 and exports get 503 + Retry-After
-            self._http = HttpReceiver(self.host, self._http_port_req, ctx)
+            self._http = HttpReceiver(self.host, self._http_port_req, ctx, self.http_routes, self.http_fallback)
             if self.grpc_enabled:
                 self._grpc = GrpcReceiver(self.host, self._grpc_port_req, service, self.metrics, self.token, self.max_body)
                 self._grpc.start()

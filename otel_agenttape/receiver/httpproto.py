@@ -1,0 +1,144 @@
+"""The HTTP/1.1 connection: uvicorn's httptools protocol with the deadlines and bounds it lacks.
+
+uvicorn parses requests (llhttp refuses malformed framing, e.g. ``Content-Length`` together with
+``Transfer-Encoding``) and closes idle keep-alive connections, but waits forever for a request's
+headers or body once its first byte came in: a client trickling one byte at a time would hold its
+connection for good. This protocol gives every phase of a connection a deadline:
+
+- waiting for a request on a kept-alive connection: ``idle_timeout``;
+- from a request's first byte to the end of its headers: ``header_timeout``;
+- from the end of the headers to the end of the body: ``body_timeout`` (the application answers
+  408 a moment before; this is the backstop for bodies nobody reads);
+- the rest of a body the application refused without reading it (413, 401...) is read and
+  dropped, so the client gets to read the answer instead of a reset, up to ``drain_bytes`` and
+  ``body_timeout``; past either the connection is closed.
+
+Past ``max_connections`` open connections, a new connection's requests are answered 503 with
+``Retry-After`` and the connection closed (``scope["agenttape.over_limit"]`` tells the app).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from otel_agenttape.receiver.limits import Limits
+
+log = logging.getLogger(__name__)
+
+OVER_LIMIT = "agenttape.over_limit"  # scope key: this connection came in past max_connections
+
+
+class BoundedProtocol(HttpToolsProtocol):
+    """One connection; ``limits`` and ``on_refused(reason)`` are set on a subclass by ``protocol_class``."""
+
+    limits: Limits = Limits()
+    on_refused: Callable[[str], None] = staticmethod(lambda reason: None)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._phase = "idle"
+        self._drained = 0
+        self._over_limit = False
+
+    # -- deadlines ----------------------------------------------------------------------------
+
+    def _arm(self, phase: str, seconds: float) -> None:
+        self._disarm()
+        self._phase = phase
+        self._deadline = self.loop.call_later(seconds, self._expired, phase)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self, phase: str) -> None:
+        self._deadline = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        if phase != "idle":  # an idle keep-alive connection closing is routine; the others are not
+            log.info("closing an HTTP connection from %s: %s timeout", self.client, phase)
+            self.on_refused(f"{phase}_timeout")
+            cycle = self.cycle
+            if phase == "header" or (phase == "body" and cycle is not None and not cycle.response_started):
+                self._send_408(phase)
+        self.transport.close()
+
+    def _send_408(self, phase: str) -> None:
+        """Tell a slow client why it is cut off (a google.rpc.Status, DEADLINE_EXCEEDED), then close."""
+        seconds = self.limits.header_timeout if phase == "header" else self.limits.body_timeout
+        body = b'{"code":4,"message":"request %s not received within %g s"}' % (phase.encode(), seconds)
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        cycle = self.cycle
+        if cycle is not None and phase == "body":
+            cycle.response_started = cycle.response_complete = True  # the app's receive() sees a disconnect
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._over_limit = len(self.connections) > self.limits.max_connections
+        if self._over_limit:
+            self.on_refused("max_connections")
+        self._arm("idle", self.limits.header_timeout if self._over_limit else self.limits.idle_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    # -- parser callbacks ---------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._drained = 0
+        self._arm("header", self.limits.header_timeout)
+
+    def on_headers_complete(self) -> None:
+        if self._over_limit:
+            self.scope[OVER_LIMIT] = True  # type: ignore[typeddict-unknown-key]
+        super().on_headers_complete()
+        # the app answers 408 at body_timeout; the connection goes a second later if nobody reads
+        self._arm("body", self.limits.body_timeout + 1.0)
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.response_complete:
+            self._drained += len(body)
+            if self._drained > self.limits.drain_bytes:
+                self.on_refused("drain_limit")
+                self.transport.close()
+            return
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        response_done = self.cycle is not None and self.cycle.response_complete
+        super().on_message_complete()
+        if response_done:  # a refused body fully drained: the connection waits for the next request
+            self._arm("idle", self.limits.idle_timeout)
+        else:
+            self._disarm()  # the request is complete; the app's work is bounded by the pipeline
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and self.cycle.more_body:
+            self._arm("drain", self.limits.body_timeout)  # the rest of a refused body
+        elif not self.pipeline:
+            self._arm("idle", self.limits.idle_timeout)
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's own keep-alive timer: ours (``idle``) decides instead."""
+
+
+def protocol_class(limits: Limits, on_refused: Callable[[str], None]) -> type[BoundedProtocol]:
+    """A ``BoundedProtocol`` for one server's limits (uvicorn builds protocols from a class)."""
+    return type("AgenttapeHttpProtocol", (BoundedProtocol,),
+                {"limits": limits, "on_refused": staticmethod(on_refused)})
