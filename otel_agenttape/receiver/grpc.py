@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from otel_agenttape.receiver.decode import PROTOBUF, DecodeError
+from otel_agenttape.receiver.decode import PROTOBUF, DecodeError, TooManyItems
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import Backpressure
 from otel_agenttape.receiver.service import LOGS, TRACES, ExportService, retry_info, rpc_status
@@ -96,7 +96,7 @@ class GrpcReceiver:
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
             try:
                 resp = self.service.export(signal, request, PROTOBUF)
-            except DecodeError as exc:
+            except (DecodeError, TooManyItems) as exc:  # a request that can never succeed: not retried
                 code = "INVALID_ARGUMENT"
                 self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), bad_request=True)
             except Backpressure as exc:

@@ -24,7 +24,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_agenttape.receiver.convert import ConvertPool
-from otel_agenttape.receiver.decode import DecodeError
+from otel_agenttape.receiver.decode import BodyTooLarge, DecodeError
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.prepare import Prepared, prepare
 from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES, WriteAheadLog
@@ -156,18 +156,19 @@ class IngestPipeline:
 
     # -- admission ----------------------------------------------------------------------------
 
-    def prepare(self, kind: int, body: bytes, media: str) -> Prepared:
+    def prepare(self, kind: int, body: bytes, media: str, max_items: int | None = None) -> Prepared:
         """Decode, validate and (for the store's two-step API) convert a request body: in a converter
-        process when the pool runs, else in the calling thread. Raises ``DecodeError``."""
+        process when the pool runs, else in the calling thread. Raises ``DecodeError`` and, past
+        ``max_items`` spans or log records, ``TooManyItems``."""
         pool = self.pool
         if pool is not None and pool.running:
             try:
-                return pool.prepare(kind, body, media)
-            except DecodeError:
+                return pool.prepare(kind, body, media, max_items)
+            except (DecodeError, BodyTooLarge):
                 raise
             except Exception as exc:  # noqa: BLE001 - a broken worker: prepare here instead
                 log.warning("preparing a request in a worker failed (%s); preparing it here", exc)
-        return prepare(kind, body, media, convert=self.converts)
+        return prepare(kind, body, media, convert=self.converts, max_items=max_items)
 
     def accept(self, kind: int, request: Any, payload: bytes, count: int, tables: Any = None) -> None:
         """Make the request durable (``payload`` in the WAL) and queue it for the store, with its rows

@@ -139,7 +139,8 @@ class TapeServer:
                 sink = ParquetSink(self.parquet_dir)
             self.pipeline = IngestPipeline(self.store, self.wal, self.metrics, max_queue_bytes=self.max_queue_bytes,
                                            sink=sink, pool=ConvertPool(self.ingest_workers))
-            service = ExportService(self.pipeline, self.metrics, is_ready=lambda: self._ready)
+            service = ExportService(self.pipeline, self.metrics, is_ready=lambda: self._ready,
+                                    max_items=self.limits.max_spans_per_request)
             ctx = HttpContext(
                 service=service,
                 metrics=self.metrics,
