@@ -236,8 +236,10 @@ class _App:
                 media = media_type(header(scope, b"content-type"))
             except UnsupportedMediaType as exc:
                 raise HttpError(415, str(exc)) from None
-            # refuse before reading a body we cannot queue
-            await loop.run_in_executor(self.ingest, ctx.service.pipeline.check_admission)
+            # refuse before reading a body we cannot queue (waiting, if at all, in a pool thread)
+            pipeline = ctx.service.pipeline
+            if not pipeline.admits_now():
+                await loop.run_in_executor(self.ingest, pipeline.check_admission)
             raw, reserved = await read_body(scope, receive, self.limits, self.budget)
             reply = await loop.run_in_executor(
                 self.ingest, self._export_blocking, signal, raw, header(scope, b"content-encoding"), media, start)

@@ -31,6 +31,7 @@ from otel_agenttape.receiver.limits import Limits
 log = logging.getLogger(__name__)
 
 OVER_LIMIT = "agenttape.over_limit"  # scope key: this connection came in past max_connections
+_HIGH_WATER = 1024 * 1024  # body bytes buffered per connection before reading pauses for the app
 
 
 class BoundedProtocol(HttpToolsProtocol):
@@ -109,13 +110,18 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
-        if cycle is not None and cycle.response_complete:
+        if cycle.response_complete:
             self._drained += len(body)
             if self._drained > self.limits.drain_bytes:
                 self.on_refused("drain_limit")
                 self.transport.close()
             return
-        super().on_body(body)
+        # uvicorn pauses reading past 64 KiB until the app takes the bytes: a 1 MB export body then
+        # costs a dozen loop turns and copies; buffering up to _HIGH_WATER takes it in one or two
+        cycle.body += body
+        if len(cycle.body) > _HIGH_WATER:
+            self.flow.pause_reading()
+        cycle.message_event.set()
 
     def on_message_complete(self) -> None:
         response_done = self.cycle is not None and self.cycle.response_complete

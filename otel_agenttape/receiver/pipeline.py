@@ -224,6 +224,11 @@ class IngestPipeline:
                     unavailable=False,
                 )
 
+    def admits_now(self) -> bool:
+        """True when ``check_admission`` would pass without waiting (it is then not needed)."""
+        with self._lock:
+            return not self._closing and self._store_failures < _STORE_FAILURES_UNHEALTHY and self._fits(1)
+
     def _raise_if_unavailable(self) -> None:
         if self._closing:
             raise Backpressure("the receiver is shutting down", 5.0, unavailable=True)

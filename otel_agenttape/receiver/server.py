@@ -314,6 +314,7 @@ class TapeServer:
             "agenttape_wal_lag_records": ("WAL records not yet applied to the store.", w.lag_records if w else 0),
             "agenttape_wal_disk_bytes": ("Bytes of WAL segments on disk.", w.disk_bytes if w else 0),
             "agenttape_wal_fsyncs": ("Group-commit flushes of the WAL since start.", w.fsyncs if w else 0),
+            "agenttape_http_connections": ("Open HTTP connections.", self._http.connections if self._http else 0),
         }
         now = time.monotonic()
         at, cached = self._genai_cache
