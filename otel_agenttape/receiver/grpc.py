@@ -40,6 +40,7 @@ class GrpcReceiver:
         token: str | None,
         max_body: int,
         workers: int = 16,
+        idle_timeout: float = 60.0,
     ) -> None:
         self.service = service
         self.metrics = metrics
@@ -50,6 +51,8 @@ class GrpcReceiver:
                 ("grpc.max_receive_message_length", max_body),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
                 ("grpc.so_reuseport", 0),
+                # an idle connection is sent GOAWAY (clients reconnect when they next export)
+                ("grpc.max_connection_idle_ms", int(idle_timeout * 1000)),
             ],
             maximum_concurrent_rpcs=workers * 4,
         )

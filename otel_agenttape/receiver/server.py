@@ -154,7 +154,8 @@ class TapeServer:
             # listen first: while the WAL replays, /healthz says 503 and exports get 503 + Retry-After
             self._http = HttpReceiver(self.host, self._http_port_req, ctx, self.http_routes, self.http_fallback)
             if self.grpc_enabled:
-                self._grpc = GrpcReceiver(self.host, self._grpc_port_req, service, self.metrics, self.token, self.max_body)
+                self._grpc = GrpcReceiver(self.host, self._grpc_port_req, service, self.metrics, self.token, self.max_body,
+                                          idle_timeout=self.limits.idle_timeout)
                 self._grpc.start()
             self._http.start()
             self.replayed_records = self.pipeline.replay_wal()
