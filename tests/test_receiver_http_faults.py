@@ -77,6 +77,9 @@ def test_content_length_with_chunked_is_refused_and_nothing_stored(server):
                       + framed)
             reply = _read_all(s)
         assert reply.startswith(b"HTTP/1.1 400 ")
+        head, _, status = reply.partition(b"\r\n\r\n")
+        assert b"content-type: application/json" in head.lower()
+        assert "can't be present with" in json.loads(status)["message"]
     assert _count(server) == 0
     ok = httpx.post(f"{server.url}/v1/traces", content=body, headers=PB)  # the server is fine afterwards
     assert ok.status_code == 200 and _count(server) == 3

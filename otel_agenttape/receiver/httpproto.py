@@ -24,6 +24,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import httptools
+import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from otel_agenttape.receiver.limits import Limits
@@ -74,14 +76,35 @@ class BoundedProtocol(HttpToolsProtocol):
     def _send_408(self, phase: str) -> None:
         """Tell a slow client why it is cut off (a google.rpc.Status, DEADLINE_EXCEEDED), then close."""
         seconds = self.limits.header_timeout if phase == "header" else self.limits.body_timeout
-        body = b'{"code":4,"message":"request %s not received within %g s"}' % (phase.encode(), seconds)
-        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self._write_status(408, 4, f"request {phase} not received within {seconds:g} s")
         cycle = self.cycle
         if cycle is not None and phase == "body":
             cycle.response_started = cycle.response_complete = True  # the app's receive() sees a disconnect
 
+    def _write_status(self, status: int, code: int, message: str) -> None:
+        """An answer written by the connection itself (no request reached the app): JSON
+        ``google.rpc.Status``, then the connection closes."""
+        body = orjson.dumps({"code": code, "message": message})
+        reason = {400: b"Bad Request", 408: b"Request Timeout"}[status]
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                             b"connection: close\r\n\r\n%s" % (status, reason, len(body), body))
+
     # -- connection ---------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, with llhttp's reason in the 400 (for instance "Transfer-Encoding can't be
+        present with Content-Length") as a JSON ``google.rpc.Status`` like every other error."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            log.info("refusing a malformed HTTP request from %s: %s", self.client, exc)
+            self.on_refused("bad_request")
+            self._disarm()
+            self._write_status(400, 3, f"invalid HTTP request: {exc}")
+            self.transport.close()
+        except httptools.HttpParserUpgrade:
+            self._unsupported_upgrade_warning()  # no upgrade is served; the deadlines close it
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
