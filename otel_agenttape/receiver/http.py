@@ -48,7 +48,7 @@ from otel_agenttape.receiver.decode import (
     media_type,
 )
 from otel_agenttape.receiver.httpbody import BodyBudget, ClientGone, HttpError, discard_body, header, read_body
-from otel_agenttape.receiver.httpproto import OVER_LIMIT, protocol_class
+from otel_agenttape.receiver.httpproto import OVER_LIMIT, TIMED_OUT, protocol_class
 from otel_agenttape.receiver.limits import Limits
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import Backpressure
@@ -244,8 +244,11 @@ class _App:
             reply = await loop.run_in_executor(
                 self.ingest, self._export_blocking, signal, raw, header(scope, b"content-encoding"), media, start)
         except ClientGone:
-            ctx.metrics.inc("agenttape_http_refused_total", reason="truncated_body")
-            ctx.metrics.inc("agenttape_requests_total", transport="http", signal=signal, code="499")
+            timed_out = scope.get(TIMED_OUT, False)  # the connection answered 408 (and counted it)
+            if not timed_out:
+                ctx.metrics.inc("agenttape_http_refused_total", reason="truncated_body")
+            ctx.metrics.inc("agenttape_requests_total", transport="http", signal=signal,
+                            code="408" if timed_out else "499")
             return
         except HttpError as exc:
             reply = _status_reply(exc, media)

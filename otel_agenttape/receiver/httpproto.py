@@ -3,12 +3,12 @@
 uvicorn parses requests (llhttp refuses malformed framing, e.g. ``Content-Length`` together with
 ``Transfer-Encoding``) and closes idle keep-alive connections, but waits forever for a request's
 headers or body once its first byte came in: a client trickling one byte at a time would hold its
-connection for good. This protocol gives every phase of a connection a deadline:
+connection for good. This protocol gives every phase of a connection a deadline (past the header
+or body deadline the client gets a 408, and the connection is closed):
 
 - waiting for a request on a kept-alive connection: ``idle_timeout``;
 - from a request's first byte to the end of its headers: ``header_timeout``;
-- from the end of the headers to the end of the body: ``body_timeout`` (the application answers
-  408 a moment before; this is the backstop for bodies nobody reads);
+- from the end of the headers to the end of the body: ``body_timeout``;
 - the rest of a body the application refused without reading it (413, 401...) is read and
   dropped, so the client gets to read the answer instead of a reset, up to ``drain_bytes`` and
   ``body_timeout``; past either the connection is closed.
@@ -33,10 +33,34 @@ from otel_agenttape.receiver.limits import Limits
 log = logging.getLogger(__name__)
 
 OVER_LIMIT = "agenttape.over_limit"  # scope key: this connection came in past max_connections
-_HIGH_WATER = 1024 * 1024  # body bytes buffered per connection before reading pauses for the app
+TIMED_OUT = "agenttape.timed_out"  # scope key: the connection answered 408 while the app read the body
+_READ_BUFFER = 256 * 1024  # bytes asyncio reads at once (into one buffer kept per connection)
+_HIGH_WATER = 4 * 1024 * 1024  # body bytes buffered per connection before reading pauses for the app
 
 
-class BoundedProtocol(HttpToolsProtocol):
+class _Chunks:
+    """A request body's chunks not yet taken by the app; ``bytes()`` joins them (uvicorn's receive()
+    calls it, then starts a new buffer)."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, first: bytes = b"") -> None:
+        self.parts = [first] if first else []
+        self.size = len(first)
+
+    def add(self, chunk: bytes) -> None:
+        self.parts.append(chunk)
+        self.size += len(chunk)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        parts = self.parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class BoundedProtocol(HttpToolsProtocol, asyncio.BufferedProtocol):
     """One connection; ``limits`` and ``on_refused(reason)`` are set on a subclass by ``protocol_class``."""
 
     limits: Limits = Limits()
@@ -48,6 +72,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._phase = "idle"
         self._drained = 0
         self._over_limit = False
+        self._read_view: memoryview | None = None
 
     # -- deadlines ----------------------------------------------------------------------------
 
@@ -80,6 +105,7 @@ class BoundedProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and phase == "body":
             cycle.response_started = cycle.response_complete = True  # the app's receive() sees a disconnect
+            cycle.scope[TIMED_OUT] = True  # type: ignore[typeddict-unknown-key]
 
     def _write_status(self, status: int, code: int, message: str) -> None:
         """An answer written by the connection itself (no request reached the app): JSON
@@ -90,6 +116,16 @@ class BoundedProtocol(HttpToolsProtocol):
                              b"connection: close\r\n\r\n%s" % (status, reason, len(body), body))
 
     # -- connection ---------------------------------------------------------------------------
+
+    # asyncio reads into one buffer per connection instead of a new 256 KiB bytes per read
+    def get_buffer(self, sizehint: int) -> memoryview:
+        view = self._read_view
+        if view is None:
+            view = self._read_view = memoryview(bytearray(_READ_BUFFER))
+        return view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._read_view[:nbytes])  # type: ignore[index, arg-type]
 
     def data_received(self, data: bytes) -> None:
         """uvicorn's, with llhttp's reason in the 400 (for instance "Transfer-Encoding can't be
@@ -128,8 +164,7 @@ class BoundedProtocol(HttpToolsProtocol):
         if self._over_limit:
             self.scope[OVER_LIMIT] = True  # type: ignore[typeddict-unknown-key]
         super().on_headers_complete()
-        # the app answers 408 at body_timeout; the connection goes a second later if nobody reads
-        self._arm("body", self.limits.body_timeout + 1.0)
+        self._arm("body", self.limits.body_timeout)
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
@@ -139,12 +174,17 @@ class BoundedProtocol(HttpToolsProtocol):
                 self.on_refused("drain_limit")
                 self.transport.close()
             return
-        # uvicorn pauses reading past 64 KiB until the app takes the bytes: a 1 MB export body then
-        # costs a dozen loop turns and copies; buffering up to _HIGH_WATER takes it in one or two
-        cycle.body += body
-        if len(cycle.body) > _HIGH_WATER:
+        # uvicorn appends each chunk to a bytearray, copies it out per receive() and pauses reading
+        # past 64 KiB: a 1 MB export body cost a dozen loop turns and four copies. The chunks are
+        # kept as they came and joined once, when the body is complete (``bytes()`` of ``_Chunks``).
+        buf = cycle.body
+        if type(buf) is not _Chunks:
+            buf = cycle.body = _Chunks(bytes(buf))  # type: ignore[assignment]
+        buf.add(body)
+        if buf.size > _HIGH_WATER:  # the app takes what is there; reading waits until it has
             self.flow.pause_reading()
-        cycle.message_event.set()
+            cycle.message_event.set()
+        # else the app is woken when the body is complete (or the connection lost): one join
 
     def on_message_complete(self) -> None:
         response_done = self.cycle is not None and self.cycle.response_complete
@@ -156,11 +196,14 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.transport.is_closing():
-            return
-        if self.cycle is not None and self.cycle.more_body:
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None or not cycle.response_complete:
+            return  # closing, or a pipelined request is being answered now
+        if self._phase == "header" and self._deadline is not None:
+            return  # the next request's head is arriving: its deadline stands
+        if cycle.more_body:
             self._arm("drain", self.limits.body_timeout)  # the rest of a refused body
-        elif not self.pipeline:
+        else:
             self._arm("idle", self.limits.idle_timeout)
 
     def timeout_keep_alive_handler(self) -> None:
