@@ -8,6 +8,7 @@ NATIVE = {
     "otel_agenttape.integrity._chain": "otel_agenttape/integrity/_chain.pyx",
     "otel_agenttape.integrity._leaf": "otel_agenttape/integrity/_leaf.pyx",
     "otel_agenttape.store._spanwalk": "otel_agenttape/store/_spanwalk.pyx",
+    "otel_agenttape.receiver._wirecount": "otel_agenttape/receiver/_wirecount.pyx",
 }
 
 

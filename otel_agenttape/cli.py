@@ -47,6 +47,18 @@ def _port(value: int | None, env: str, default: int) -> int:
     return value
 
 
+def _serve_limits(args: argparse.Namespace) -> object:
+    """The receiver's ``Limits`` from ``serve``'s flags (see docs/operations.md)."""
+    from otel_agenttape.receiver.limits import Limits
+
+    try:
+        return Limits(max_body=args.max_body, max_spans_per_request=args.max_spans_per_request,
+                      max_connections=args.max_connections, header_timeout=args.header_timeout,
+                      body_timeout=args.body_timeout, idle_timeout=args.idle_timeout)
+    except ValueError as exc:
+        raise CliError(f"serve: {exc}") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the OTLP receiver in the foreground until SIGINT/SIGTERM."""
     import signal
@@ -72,6 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         receiver_id=args.receiver_id,
         lake_interval=args.lake_interval,
         lake_max_spans=args.lake_max_spans,
+        limits=_serve_limits(args),
     )
     try:
         server.start()
@@ -400,6 +413,20 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="processes decoding and converting requests to rows (default: one per core, max 4; 0: none)")
     p.add_argument("--query-timeout", type=float, default=None, metavar="SECONDS",
                    help="interrupt a POST /api/query (and `agenttape sql`) query after this long (default 30; 0: never)")
+    from otel_agenttape.receiver import limits as lim  # the defaults live with the receiver (no heavy imports)
+
+    p.add_argument("--max-body", type=int, default=lim.DEFAULT_MAX_BODY, metavar="BYTES",
+                   help="largest request body, also after decompression (default %(default)s: 20 MiB); more gets 413")
+    p.add_argument("--max-spans-per-request", type=int, default=lim.DEFAULT_MAX_SPANS_PER_REQUEST, metavar="N",
+                   help="most spans (or log records) in one request (default %(default)s); more gets 413")
+    p.add_argument("--max-connections", type=int, default=lim.DEFAULT_MAX_CONNECTIONS, metavar="N",
+                   help="open HTTP connections served (default %(default)s); past it requests get 503 + Retry-After")
+    p.add_argument("--header-timeout", type=float, default=lim.DEFAULT_HEADER_TIMEOUT, metavar="S",
+                   help="seconds for a request's headers to arrive (default %(default)s); then 408 and closed")
+    p.add_argument("--body-timeout", type=float, default=lim.DEFAULT_BODY_TIMEOUT, metavar="S",
+                   help="seconds for a request's body to arrive (default %(default)s); then 408 and closed")
+    p.add_argument("--idle-timeout", type=float, default=lim.DEFAULT_IDLE_TIMEOUT, metavar="S",
+                   help="seconds a kept-alive HTTP connection may wait for its next request (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the startup line as JSON")
     _lake_serve_args(p)
     p.set_defaults(func=cmd_serve)

@@ -18,6 +18,7 @@ MODULES = {
     "otel_agenttape.integrity._chain": "chain link and Merkle update (sealing)",
     "otel_agenttape.capture._sealing": "the sealing processor's common step",
     "otel_agenttape.store._spanwalk": "OTLP span conversion in the receiver",
+    "otel_agenttape.receiver._wirecount": "counting a request's spans before decoding it",
 }
 
 

@@ -147,9 +147,12 @@ def test_requests_prepared_in_a_worker_answer_like_the_main_process(tmp_path):
     v = p.prepare(KIND_TRACES, bad.SerializeToString(), PROTOBUF)
     assert (v.accepted, v.rejected) == (4, 1) and "trace_id must be 16 bytes" in v.message
     assert len(span_keys(_parse(v.payload))) == 4  # the WAL gets the valid spans only
-    for body in (broken.SerializeToString(), b"\x0a\xff\xff"):
-        with pytest.raises(DecodeError):
-            p.prepare(KIND_TRACES, body, PROTOBUF)
+    # a string that is not UTF-8 rejects its span only; a body that is not a request, all of it
+    v = p.prepare(KIND_TRACES, broken.SerializeToString(), PROTOBUF)
+    assert (v.accepted, v.rejected, v.reasons) == (4, 1, {"invalid_utf8": 1})
+    assert len(span_keys(_parse(v.payload))) == 4
+    with pytest.raises(DecodeError):
+        p.prepare(KIND_TRACES, b"\x0a\xff\xff", PROTOBUF)
     folder = pool._spool
     del here, there, v
     # every hand-off file was taken: what is left is kept to be written again

@@ -42,16 +42,22 @@ def convert_payloads(kind: int, payloads: list[bytes]) -> Any:
 
 
 def prepare_body(
-    kind: int, body_path: str, size: int, media: str, folder: str, rows_path: str | None = None
+    kind: int, body_path: str, size: int, media: str, folder: str, rows_path: str | None = None,
+    max_items: int | None = None,
 ) -> Any:
     """Worker side: ``prepare.prepare`` (decode, validate, convert) of one request body in the spool;
-    the rows go back through the spool too, into ``rows_path`` when the main process has one to reuse."""
-    from otel_agenttape.receiver.prepare import prepare
+    the rows go back through the spool too, into ``rows_path`` when the main process has one to reuse.
+    After a large request the worker hands the memory it took back to the system."""
+    from otel_agenttape.receiver.prepare import TRIM_BYTES, prepare, release_memory
 
-    prepared = prepare(kind, spool.take_body(body_path, size), media)
-    if prepared.tables is not None:
-        prepared.tables = spool.put_tables(folder, prepared.tables, rows_path)
-    return prepared
+    try:
+        prepared = prepare(kind, spool.take_body(body_path, size), media, max_items=max_items)
+        if prepared.tables is not None:
+            prepared.tables = spool.put_tables(folder, prepared.tables, rows_path)
+        return prepared
+    finally:
+        if size >= TRIM_BYTES:
+            release_memory()
 
 
 def _init_worker(parent: int) -> None:
@@ -148,16 +154,17 @@ class ConvertPool:
             f.exception(), BrokenProcessPool) else None)
         return future
 
-    def prepare(self, kind: int, body: bytes, media: str) -> Any:
+    def prepare(self, kind: int, body: bytes, media: str, max_items: int | None = None) -> Any:
         """Decode, validate and convert one request body in a worker; returns its ``Prepared`` (the pool
-        must be running). Raises what ``prepare.prepare`` raises (``DecodeError``)."""
+        must be running). Raises what ``prepare.prepare`` raises (``DecodeError``, ``TooManyItems``)."""
         pool, folder = self._pool, self._spool
         if pool is None or folder is None:
             raise RuntimeError("the conversion pool is not running")
         path = spool.put_body(folder, body, self._bodies.take())
         rows_path = self._rows.take()
         try:
-            prepared = pool.submit(prepare_body, kind, path, len(body), media, folder, rows_path).result()
+            prepared = pool.submit(prepare_body, kind, path, len(body), media, folder, rows_path,
+                                   max_items).result()
         except BaseException as exc:
             if rows_path is not None:
                 self._give_rows(rows_path)

@@ -20,11 +20,20 @@ from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from otel_agenttape.receiver.itemcheck import (
+    MAX_TIME,
+    drop_bad_strings,
+    loads_lenient,
+    log_time_problem,
+    span_time_problem,
+)
+from otel_agenttape.receiver.limits import DEFAULT_MAX_BODY
 from otel_agenttape.store.otlpwire import KIND_MAX, KIND_MIN, span_problem
+
+__all__ = ["DEFAULT_MAX_BODY"]  # re-exported: callers set body limits with it
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-DEFAULT_MAX_BODY = 20 * 1024 * 1024
 
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
@@ -41,6 +50,17 @@ class UnsupportedMediaType(ValueError):
 
 class BodyTooLarge(ValueError):
     """Body over the limit, before or after decompression (HTTP 413 / RESOURCE_EXHAUSTED)."""
+
+
+class TooManyItems(BodyTooLarge):
+    """More spans or log records in one request than ``max_spans_per_request`` (HTTP 413 / INVALID_ARGUMENT:
+    a request that can never be accepted must not be retried)."""
+
+
+def too_many(count: int, limit: int, noun: str = "spans") -> TooManyItems:
+    shown = f"more than {limit:,}" if count > limit else f"{count:,}"
+    return TooManyItems(f"{shown} {noun} in one request exceed the limit of {limit:,} per request; "
+                        "send smaller batches")
 
 
 def media_type(content_type: str | None) -> str:
@@ -176,13 +196,47 @@ def _fix_log_ids(doc: dict[str, Any], problems: dict[str, int] | None = None) ->
             _fix_ids(_items(sl, "logRecords", f"resourceLogs[{r}].scopeLogs[{s}]"), where, _log_id_problem, problems)
 
 
-def _parse_json(body: bytes, msg: Any, fix: Any, problems: dict[str, int] | None = None) -> Any:
+def _count_json(doc: dict[str, Any], keys: tuple[str, str, str]) -> int:
+    n = 0
+    top, mid, leaf = keys
+    for r in doc.get(top) or ():
+        if isinstance(r, dict):
+            for s in r.get(mid) or ():
+                if isinstance(s, dict) and isinstance(s.get(leaf), list):
+                    n += len(s[leaf])
+    return n
+
+
+def _item_lists(doc: dict[str, Any], keys: tuple[str, str, str]) -> list[list[Any]]:
+    top, mid, leaf = keys
+    return [s[leaf] for r in doc.get(top) or () if isinstance(r, dict)
+            for s in r.get(mid) or () if isinstance(s, dict) and isinstance(s.get(leaf), list)]
+
+
+_JSON_KEYS = {"traces": ("resourceSpans", "scopeSpans", "spans"), "logs": ("resourceLogs", "scopeLogs", "logRecords")}
+
+
+def _parse_json(body: bytes, msg: Any, fix: Any, problems: dict[str, int] | None = None,
+                max_items: int | None = None) -> Any:
+    lenient = False
     try:
         doc = orjson.loads(body) if body.strip() else {}
     except orjson.JSONDecodeError as exc:
-        raise DecodeError(f"invalid JSON: {exc}") from None
+        # strings that are not UTF-8 fail the whole document: read it leniently, drop just those items
+        doc = loads_lenient(body) if problems is not None else None
+        if doc is None:
+            raise DecodeError(f"invalid JSON: {exc}") from None
+        lenient = True
     if not isinstance(doc, dict):
         raise DecodeError("an OTLP JSON request must be an object")
+    keys = _JSON_KEYS["traces" if fix is _fix_trace_ids else "logs"]
+    if max_items is not None:  # before the protobuf message is built: that is where the memory goes
+        n = _count_json(doc, keys)
+        if n > max_items:
+            raise too_many(n, max_items, "spans" if keys[2] == "spans" else "log records")
+    if lenient and problems is not None:
+        for items in _item_lists(doc, keys):
+            drop_bad_strings(items, problems)
     fix(doc, problems)
     try:
         json_format.ParseDict(doc, msg, ignore_unknown_fields=True)
@@ -201,25 +255,27 @@ def _parse_proto(body: bytes, msg: Any) -> Any:
     return msg
 
 
-def decode_traces(body: bytes, content_type: str, problems: dict[str, int] | None = None) -> ExportTraceServiceRequest:
+def decode_traces(body: bytes, content_type: str, problems: dict[str, int] | None = None,
+                  max_items: int | None = None) -> ExportTraceServiceRequest:
     """Decode an (already decompressed) OTLP trace request; raises ``DecodeError``.
 
     With ``problems``, OTLP JSON spans whose ids are not hex strings are left out and counted there
     by reason (``validate_traces(req, problems)`` reports them as partial success); without it they
-    fail the request.
+    fail the request. ``max_items``: refuse (``TooManyItems``) a JSON request with more spans.
     """
     msg = ExportTraceServiceRequest()
     if media_type(content_type) == JSON:
-        return _parse_json(body, msg, _fix_trace_ids, problems)
+        return _parse_json(body, msg, _fix_trace_ids, problems, max_items)
     return _parse_proto(body, msg)
 
 
-def decode_logs(body: bytes, content_type: str, problems: dict[str, int] | None = None) -> ExportLogsServiceRequest:
-    """Decode an (already decompressed) OTLP logs request; raises ``DecodeError``. ``problems``: as
-    for ``decode_traces``, for log records."""
+def decode_logs(body: bytes, content_type: str, problems: dict[str, int] | None = None,
+                max_items: int | None = None) -> ExportLogsServiceRequest:
+    """Decode an (already decompressed) OTLP logs request; raises ``DecodeError``. ``problems`` and
+    ``max_items``: as for ``decode_traces``, for log records."""
     msg = ExportLogsServiceRequest()
     if media_type(content_type) == JSON:
-        return _parse_json(body, msg, _fix_log_ids, problems)
+        return _parse_json(body, msg, _fix_log_ids, problems, max_items)
     return _parse_proto(body, msg)
 
 
@@ -249,6 +305,12 @@ def _all_spans_valid(spans: Any) -> bool:
             return False
         if not KIND_MIN <= sp.kind <= KIND_MAX:
             return False
+        start, end = sp.start_time_unix_nano, sp.end_time_unix_nano
+        if end < start or end > MAX_TIME:
+            return False
+        for ev in sp.events:
+            if ev.time_unix_nano > MAX_TIME:
+                return False
         if sp.links:
             for link in sp.links:
                 if len(link.trace_id) != 16 or len(link.span_id) != 8:
@@ -300,7 +362,11 @@ def validate_traces(req: ExportTraceServiceRequest, earlier: dict[str, int] | No
     """Drop spans with invalid ids; returns the request (mutated in place only when something was dropped).
     ``earlier``: spans ``decode_traces`` already left out, by reason, counted as rejected too."""
     groups = (ss.spans for rs in req.resource_spans for ss in rs.scope_spans)
-    return _drop_invalid(req, groups, span_problem, "spans", _all_spans_valid, earlier)
+    return _drop_invalid(req, groups, _span_problem, "spans", _all_spans_valid, earlier)
+
+
+def _span_problem(sp: Any) -> str | None:
+    return span_problem(sp) or span_time_problem(sp)
 
 
 def _log_problem(rec: Any) -> str | None:
@@ -309,7 +375,7 @@ def _log_problem(rec: Any) -> str | None:
         return f"trace_id must be empty or 16 bytes, got {len(tid)}"
     if sid and len(sid) != 8:
         return f"span_id must be empty or 8 bytes, got {len(sid)}"
-    return None
+    return log_time_problem(rec)
 
 
 def validate_logs(req: ExportLogsServiceRequest, earlier: dict[str, int] | None = None) -> Validated:

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from otel_agenttape.receiver.decode import PROTOBUF, DecodeError
+from otel_agenttape.receiver.decode import PROTOBUF, DecodeError, TooManyItems
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import Backpressure
 from otel_agenttape.receiver.service import LOGS, TRACES, ExportService, retry_info, rpc_status
@@ -40,6 +40,7 @@ class GrpcReceiver:
         token: str | None,
         max_body: int,
         workers: int = 16,
+        idle_timeout: float = 60.0,
     ) -> None:
         self.service = service
         self.metrics = metrics
@@ -50,6 +51,8 @@ class GrpcReceiver:
                 ("grpc.max_receive_message_length", max_body),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
                 ("grpc.so_reuseport", 0),
+                # an idle connection is sent GOAWAY (clients reconnect when they next export)
+                ("grpc.max_connection_idle_ms", int(idle_timeout * 1000)),
             ],
             maximum_concurrent_rpcs=workers * 4,
         )
@@ -96,7 +99,7 @@ class GrpcReceiver:
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
             try:
                 resp = self.service.export(signal, request, PROTOBUF)
-            except DecodeError as exc:
+            except (DecodeError, TooManyItems) as exc:  # a request that can never succeed: not retried
                 code = "INVALID_ARGUMENT"
                 self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), bad_request=True)
             except Backpressure as exc:

@@ -1,24 +1,42 @@
 """OTLP/HTTP receiver (``POST /v1/traces``, ``/v1/logs``) plus ``/healthz``, ``/metrics`` and ``/api/query``.
 
-Built on the standard library's threading HTTP server with HTTP/1.1 keep-alive: one thread per
-connection; the work per request (decode, validate, WAL append) is short and the WAL's group commit
-lets concurrent requests share a disk flush.
+Served by uvicorn (HTTP/1.1 parsing by llhttp through httptools) on an event loop in a background
+thread, routed by Starlette. The server stack owns connections, framing and slow clients
+(``httpproto.py``: per-phase deadlines, a bound on open connections); this module owns OTLP: media
+types, limits of a body (``httpbody.py``), status codes and error bodies. The blocking part of an
+export (decompress, decode, validate, WAL append and its fsync wait) runs in a bounded thread pool,
+so a slow request never holds up the loop or the other requests; ``/metrics`` and ``/api/query``
+have a small pool of their own, so a long query cannot take the threads exports need.
+
+Extension point: the caller may serve more on the same port, for example a web console::
+
+    from starlette.routing import Route
+    HttpReceiver(host, port, ctx, extra_routes=[Route("/console/ping", ping)], fallback=console_app)
+
+``extra_routes`` (Starlette routes) are tried after the receiver's own paths; ``fallback`` (any
+ASGI app) gets every request no route matched, instead of the receiver's 404. ``TapeServer`` passes
+them through as ``http_routes=`` and ``http_fallback=``. The receiver's bearer token does not gate
+them: an app that serves content checks ``authorized(scope, token)`` itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import math
 import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute, Route
 
 from otel_agenttape.receiver.decode import (
     JSON,
@@ -29,6 +47,9 @@ from otel_agenttape.receiver.decode import (
     encode_message,
     media_type,
 )
+from otel_agenttape.receiver.httpbody import BodyBudget, ClientGone, HttpError, discard_body, header, read_body
+from otel_agenttape.receiver.httpproto import OVER_LIMIT, TIMED_OUT, protocol_class
+from otel_agenttape.receiver.limits import Limits
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import Backpressure
 from otel_agenttape.receiver.service import LOGS, TRACES, ExportService, rpc_status
@@ -38,7 +59,9 @@ log = logging.getLogger(__name__)
 
 _EXPORT_PATHS = {"/v1/traces": TRACES, "/v1/logs": LOGS}
 # google.rpc.Code values used in error bodies
-_CODE = {400: 3, 401: 16, 404: 5, 405: 12, 411: 3, 413: 8, 415: 3, 429: 8, 500: 13, 503: 14}
+_CODE = {400: 3, 401: 16, 404: 5, 405: 12, 408: 4, 411: 3, 413: 8, 415: 3, 429: 8, 500: 13, 501: 12, 503: 14}
+_QUERY_BODY_LIMIT = 1024 * 1024
+_TEXT = "text/plain; charset=utf-8"
 
 
 @dataclass
@@ -52,269 +75,307 @@ class HttpContext:
     is_ready: Callable[[], bool]
     render_metrics: Callable[[], str]
     run_query: Callable[[bytes], tuple[int, str, bytes]]  # POST /api/query body -> (status, type, body)
+    limits: Limits | None = None  # None: the defaults, with ``max_body``
+    ingest_threads: int = 32  # threads running the blocking part of exports
+    read_threads: int = 4  # threads for /metrics and /api/query
     health: Callable[[], str | None] | None = None  # why /healthz answers 503 (None: healthy)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 256
+@dataclass
+class _Reply:
+    status: int
+    body: bytes
+    content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
 
-    def __init__(self, addr: tuple[str, int], ctx: HttpContext) -> None:
+
+def authorized(scope: dict[str, Any], token: str | None) -> bool:
+    """True when ``token`` is unset or the request carries ``Authorization: Bearer <token>``."""
+    if not token:
+        return True
+    scheme, _, value = (header(scope, b"authorization") or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
+
+
+def _status_reply(err: HttpError, media: str = JSON) -> _Reply:
+    st = rpc_status(_CODE.get(err.status, 2), str(err), err.retry_after, bad_request=err.status == 400)
+    headers = {}
+    if err.retry_after is not None:
+        headers["retry-after"] = str(max(1, math.ceil(err.retry_after)))
+    if err.status == 401:
+        headers["www-authenticate"] = 'Bearer realm="agenttape"'
+    if err.close:
+        headers["connection"] = "close"
+    return _Reply(err.status, encode_message(st, media), media, headers)
+
+
+def _reply_media(scope: dict[str, Any]) -> str:
+    """The encoding of an error reply: the request's own when it is OTLP protobuf, else JSON."""
+    try:
+        return media_type(header(scope, b"content-type"))
+    except UnsupportedMediaType:
+        return JSON
+
+
+async def _send(send: Callable[..., Any], scope: dict[str, Any], reply: _Reply) -> None:
+    headers = [(b"content-type", reply.content_type.encode()), (b"content-length", str(len(reply.body)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in reply.headers.items()]
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else reply.body})
+
+
+class _App:
+    """The receiver's routes as ASGI callables (Starlette routes them; requests reach here raw)."""
+
+    def __init__(self, ctx: HttpContext, limits: Limits) -> None:
         self.ctx = ctx
-        self._conns: set[socket.socket] = set()
-        self._conns_lock = threading.Lock()
-        super().__init__(addr, _Handler)
+        self.limits = limits
+        self.budget = BodyBudget(limits.inflight_bytes)
+        self.ingest = ThreadPoolExecutor(ctx.ingest_threads, thread_name_prefix="agenttape-http")
+        self.reads = ThreadPoolExecutor(ctx.read_threads, thread_name_prefix="agenttape-http-read")
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._conns_lock:
-            self._conns.add(request)
-        super().process_request(request, client_address)
+    def close(self) -> None:
+        self.ingest.shutdown(wait=True, cancel_futures=True)
+        self.reads.shutdown(wait=True, cancel_futures=True)
 
-    def shutdown_request(self, request: Any) -> None:
-        with self._conns_lock:
-            self._conns.discard(request)
-        super().shutdown_request(request)
+    async def _over_limit(self, scope: dict[str, Any], receive: Any, send: Any) -> bool:
+        """A connection past ``max_connections``: 503 + Retry-After, after reading (a bounded part of) its body."""
+        if not scope.get(OVER_LIMIT):
+            return False
+        await discard_body(receive, self.limits.max_body)
+        msg = f"more than {self.limits.max_connections} connections open; retry later"
+        await _send(send, scope, _status_reply(HttpError(503, msg, retry_after=1.0, close=True), _reply_media(scope)))
+        return True
 
-    def close_connections(self) -> None:
-        """End idle keep-alive connections so a stopped server lets go of its clients."""
-        with self._conns_lock:
-            conns = list(self._conns)
-        for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def server_bind(self) -> None:
-        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().server_bind()
-
-
-class _HttpError(Exception):
-    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.retry_after = retry_after
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "agenttape"
-    timeout = 120
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        log.debug("%s " + format, self.address_string(), *args)
-
-    # -- plumbing -----------------------------------------------------------------------------
-
-    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def _send_status(self, err: _HttpError, media: str = JSON) -> None:
-        st = rpc_status(_CODE.get(err.status, 2), str(err), err.retry_after, bad_request=err.status == 400)
-        headers = {}
-        if err.retry_after is not None:
-            headers["Retry-After"] = str(max(1, math.ceil(err.retry_after)))
-        if err.status == 401:
-            headers["WWW-Authenticate"] = 'Bearer realm="agenttape"'
-        self._send(err.status, encode_message(st, media), media, headers)
-
-    def _reply_media(self) -> str:
-        """The encoding of an error reply: the request's own when it is OTLP protobuf, else JSON."""
-        try:
-            return media_type(self.headers.get("Content-Type"))
-        except UnsupportedMediaType:
-            return JSON
-
-    def _authorized(self) -> bool:
-        token = self.server.ctx.token
-        if not token:
-            return True
-        got = self.headers.get("Authorization", "")
-        scheme, _, value = got.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
-
-    def _read_body(self, limit: int) -> bytes:
-        length = self.headers.get("Content-Length")
-        if length is not None:
-            try:
-                n = int(length)
-            except ValueError:
-                self.close_connection = True
-                raise _HttpError(400, "invalid Content-Length") from None
-            if n < 0:
-                self.close_connection = True
-                raise _HttpError(400, "invalid Content-Length")
-            if n > limit:
-                self.close_connection = True  # the body is never read
-                raise _HttpError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes")
-            return self.rfile.read(n)
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._read_chunked(limit)
-        self.close_connection = True
-        raise _HttpError(411, "Content-Length or chunked Transfer-Encoding required")
-
-    def _read_chunked(self, limit: int) -> bytes:
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            line = self.rfile.readline(1024)
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                self.close_connection = True
-                raise _HttpError(400, "invalid chunked encoding") from None
-            if size == 0:
-                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                    pass
-                return b"".join(parts)
-            total += size
-            if total > limit:
-                self.close_connection = True
-                raise _HttpError(413, f"request body exceeds the limit of {limit} bytes")
-            parts.append(self.rfile.read(size))
-            self.rfile.readline(1024)
-
-    def _discard_body(self) -> None:
-        """Read and drop a small body so the connection can be reused; close it otherwise."""
-        length = self.headers.get("Content-Length")
-        if length is not None:
-            if length.isdigit() and int(length) <= 1024 * 1024:
-                self.rfile.read(int(length))
-            else:
-                self.close_connection = True
-        elif "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            self.close_connection = True
-
-    # -- routes -------------------------------------------------------------------------------
-
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-        path = self.path.split("?", 1)[0]
-        ctx = self.server.ctx
-        if path == "/healthz":
-            reason = ctx.health() if ctx.health is not None else (None if ctx.is_ready() else "starting")
-            body = b"ok\n" if reason is None else reason.encode("utf-8", "replace") + b"\n"
-            self._send(200 if reason is None else 503, body, "text/plain; charset=utf-8")
+    async def healthz(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if await self._over_limit(scope, receive, send):
             return
-        if not self._authorized():
-            self._send_status(_HttpError(401, "missing or wrong bearer token"))
+        if scope["method"] not in ("GET", "HEAD"):
+            await _send(send, scope, _status_reply(HttpError(405, "use GET for /healthz"), _reply_media(scope)))
             return
-        if path == "/metrics":
+        ctx = self.ctx
+        reason = ctx.health() if ctx.health is not None else (None if ctx.is_ready() else "starting")
+        body = b"ok\n" if reason is None else reason.encode("utf-8", "replace") + b"\n"
+        await _send(send, scope, _Reply(200 if reason is None else 503, body, _TEXT))
+
+    async def metrics(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if await self._over_limit(scope, receive, send):
+            return
+        media = _reply_media(scope)
+        if not authorized(scope, self.ctx.token):
+            reply = _status_reply(HttpError(401, "missing or wrong bearer token"), media)
+        elif scope["method"] not in ("GET", "HEAD"):
+            reply = _status_reply(HttpError(405, "use GET for /metrics"), media)
+        else:
             try:
-                text = ctx.render_metrics()
+                text = await asyncio.get_running_loop().run_in_executor(self.reads, self.ctx.render_metrics)
+                reply = _Reply(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
             except Exception as exc:  # noqa: BLE001 - a scrape must not kill the server
-                self._send_status(_HttpError(500, f"metrics failed: {exc}"))
-                return
-            self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
-            return
-        if path in _EXPORT_PATHS or path == "/api/query":
-            self._send_status(_HttpError(405, f"use POST for {path}"))
-            return
-        self._send_status(_HttpError(404, f"no route {path}"))
+                reply = _status_reply(HttpError(500, f"metrics failed: {exc}"))
+        await _send(send, scope, reply)
 
-    do_HEAD = do_GET
-
-    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
-        start = time.perf_counter()
-        path = self.path.split("?", 1)[0]
-        ctx = self.server.ctx
-        if path == "/healthz":
-            self._discard_body()
-            self._send_status(_HttpError(405, "use GET for /healthz"))
+    async def query(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if await self._over_limit(scope, receive, send):
             return
-        if not self._authorized():
-            self._discard_body()
-            self._send_status(_HttpError(401, "missing or wrong bearer token"), self._reply_media())
-            if path in _EXPORT_PATHS:
-                ctx.metrics.inc("agenttape_requests_total", transport="http", signal=_EXPORT_PATHS[path], code="401")
+        if not authorized(scope, self.ctx.token):
+            await _send(send, scope, _status_reply(HttpError(401, "missing or wrong bearer token"), _reply_media(scope)))
             return
-        if path == "/api/query":
-            self._query()
-            return
-        signal = _EXPORT_PATHS.get(path)
-        if signal is None:
-            self._discard_body()
-            self._send_status(_HttpError(404, f"no route {path}"), self._reply_media())
-            return
-        media = JSON
-        status = 200
-        raw = None
-        try:
-            media = media_type(self.headers.get("Content-Type"))
-            try:
-                ctx.service.pipeline.check_admission()  # refuse before reading a body we cannot queue
-            except Backpressure:
-                self._discard_body()
-                raise
-            raw = self._read_body(ctx.max_body)
-            body = decompress(raw, self.headers.get("Content-Encoding"), ctx.max_body)
-            resp = ctx.service.export(signal, body, media)
-            self._send(200, encode_message(resp, media), media)
-            ctx.metrics.observe("agenttape_ingest_latency_seconds", time.perf_counter() - start)
-        except UnsupportedMediaType as exc:
-            status = 415
-            if raw is None:
-                self._discard_body()
-            self._send_status(_HttpError(415, str(exc)), media)
-        except BodyTooLarge as exc:
-            status = 413
-            self._send_status(_HttpError(413, str(exc)), media)
-        except DecodeError as exc:
-            status = 400
-            self._send_status(_HttpError(400, str(exc)), media)
-        except _HttpError as exc:
-            status = exc.status
-            self._send_status(exc, media)
-        except Backpressure as exc:
-            status = 503 if exc.unavailable else 429
-            self._send_status(_HttpError(status, str(exc), exc.retry_after), media)
-        except (WalClosed, OSError) as exc:
-            status = 503
-            log.error("cannot make a request durable: %s", exc)
-            self._send_status(_HttpError(503, f"cannot store the request now: {exc}", 5.0), media)
-        ctx.metrics.inc("agenttape_requests_total", transport="http", signal=signal, code=str(status))
-
-    def _query(self) -> None:
-        ctx = self.server.ctx
-        try:
-            body = self._read_body(1024 * 1024)
-        except _HttpError as exc:
-            self._send(exc.status, orjson.dumps({"error": str(exc)}), JSON)
+        if scope["method"] != "POST":
+            await _send(send, scope, _status_reply(HttpError(405, "use POST for /api/query")))
             return
         try:
-            status, content_type, out = ctx.run_query(body)
+            body, reserved = await read_body(scope, receive, self.limits, self.budget, _QUERY_BODY_LIMIT)
+        except ClientGone:
+            return
+        except HttpError as exc:
+            await _send(send, scope, _Reply(exc.status, orjson.dumps({"error": str(exc)}), JSON,
+                                            {"connection": "close"} if exc.close else {}))
+            return
+        try:
+            status, content_type, out = await asyncio.get_running_loop().run_in_executor(
+                self.reads, self.ctx.run_query, body)
         except Exception as exc:  # noqa: BLE001 - report, keep serving
             status, content_type, out = 500, JSON, orjson.dumps({"error": f"query failed: {exc}"})
-        self._send(status, out, content_type)
+        finally:
+            self.budget.give(reserved)
+        await _send(send, scope, _Reply(status, out, content_type))
+
+    async def not_found(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or await self._over_limit(scope, receive, send):
+            return
+        media = _reply_media(scope)
+        if not authorized(scope, self.ctx.token):
+            reply = _status_reply(HttpError(401, "missing or wrong bearer token"), media)
+        else:
+            reply = _status_reply(HttpError(404, f"no route {scope['path']}"), media)
+        await _send(send, scope, reply)
+
+    # -- exports ------------------------------------------------------------------------------
+
+    def export_route(self, signal: str) -> Callable[..., Any]:
+        async def export(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await self.export(signal, scope, receive, send)
+
+        return export
+
+    async def export(self, signal: str, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if await self._over_limit(scope, receive, send):
+            return
+        start = time.perf_counter()
+        ctx = self.ctx
+        media = _reply_media(scope)
+        if scope["method"] != "POST":
+            if not authorized(scope, ctx.token):
+                await _send(send, scope, _status_reply(HttpError(401, "missing or wrong bearer token"), media))
+            else:
+                await _send(send, scope, _status_reply(HttpError(405, f"use POST for {scope['path']}"), media))
+            return
+        loop = asyncio.get_running_loop()
+        reserved = 0
+        try:
+            if not authorized(scope, ctx.token):
+                raise HttpError(401, "missing or wrong bearer token")
+            try:
+                media = media_type(header(scope, b"content-type"))
+            except UnsupportedMediaType as exc:
+                raise HttpError(415, str(exc)) from None
+            # refuse before reading a body we cannot queue (waiting, if at all, in a pool thread)
+            pipeline = ctx.service.pipeline
+            if not pipeline.admits_now():
+                await loop.run_in_executor(self.ingest, pipeline.check_admission)
+            raw, reserved = await read_body(scope, receive, self.limits, self.budget)
+            reply = await loop.run_in_executor(
+                self.ingest, self._export_blocking, signal, raw, header(scope, b"content-encoding"), media, start)
+        except ClientGone:
+            timed_out = scope.get(TIMED_OUT, False)  # the connection answered 408 (and counted it)
+            if not timed_out:
+                ctx.metrics.inc("agenttape_http_refused_total", reason="truncated_body")
+            ctx.metrics.inc("agenttape_requests_total", transport="http", signal=signal,
+                            code="408" if timed_out else "499")
+            return
+        except HttpError as exc:
+            reply = _status_reply(exc, media)
+        except Backpressure as exc:
+            status = 503 if exc.unavailable else 429
+            reply = _status_reply(HttpError(status, str(exc), exc.retry_after), media)
+        finally:
+            if reserved:
+                self.budget.give(reserved)
+        ctx.metrics.inc("agenttape_requests_total", transport="http", signal=signal, code=str(reply.status))
+        await _send(send, scope, reply)
+
+    def _export_blocking(self, signal: str, raw: bytes, encoding: str | None, media: str, start: float) -> _Reply:
+        """Decompress, prepare and make durable one request (in a pool thread); the reply for the client."""
+        ctx = self.ctx
+        try:
+            body = decompress(raw, encoding, self.limits.max_body)
+            del raw
+            resp = ctx.service.export(signal, body, media)
+            reply = _Reply(200, encode_message(resp, media), media)
+            ctx.metrics.observe("agenttape_ingest_latency_seconds", time.perf_counter() - start)
+            return reply
+        except UnsupportedMediaType as exc:
+            return _status_reply(HttpError(415, str(exc)), media)
+        except BodyTooLarge as exc:
+            return _status_reply(HttpError(413, str(exc)), media)
+        except DecodeError as exc:
+            return _status_reply(HttpError(400, str(exc)), media)
+        except Backpressure as exc:
+            status = 503 if exc.unavailable else 429
+            return _status_reply(HttpError(status, str(exc), exc.retry_after), media)
+        except (WalClosed, OSError) as exc:
+            log.error("cannot make a request durable: %s", exc)
+            return _status_reply(HttpError(503, f"cannot store the request now: {exc}", 5.0), media)
+
+
+def build_app(ctx: HttpContext, limits: Limits, extra_routes: Sequence[BaseRoute] = (),
+              fallback: Any = None) -> tuple[Starlette, _App]:
+    """The Starlette application of the receiver, with the caller's routes and fallback (see module doc)."""
+    app = _App(ctx, limits)
+    # a function is a request/response endpoint to Starlette: ours are wrapped so they stay raw ASGI
+    routes: list[BaseRoute] = [
+        Route("/v1/traces", _Asgi(app.export_route(TRACES))),
+        Route("/v1/logs", _Asgi(app.export_route(LOGS))),
+        Route("/healthz", _Asgi(app.healthz)),
+        Route("/metrics", _Asgi(app.metrics)),
+        Route("/api/query", _Asgi(app.query)),
+    ]
+    starlette = Starlette(routes=[*routes, *extra_routes])
+    starlette.router.redirect_slashes = False
+    starlette.router.default = fallback if fallback is not None else app.not_found
+    return starlette, app
+
+
+class _Asgi:
+    """An ASGI callable Starlette passes requests to unchanged."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await self.fn(scope, receive, send)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
 
 
 class HttpReceiver:
-    """The HTTP listener, served from a background thread."""
+    """The HTTP listener, served by uvicorn from a background thread (see the module docstring)."""
 
-    def __init__(self, host: str, port: int, ctx: HttpContext) -> None:
-        self._server = _Server((host, port), ctx)
-        self.port = self._server.server_address[1]
-        self._thread: Any = None
+    def __init__(self, host: str, port: int, ctx: HttpContext, extra_routes: Sequence[BaseRoute] = (),
+                 fallback: Any = None) -> None:
+        self.limits = ctx.limits or Limits(max_body=ctx.max_body)
+        self.ctx = ctx
+        self._sock = _bind(host, port)
+        self.port = self._sock.getsockname()[1]
+        self.app, self._app = build_app(ctx, self.limits, extra_routes, fallback)
+        refused = lambda reason: ctx.metrics.inc("agenttape_http_refused_total", reason=reason)  # noqa: E731
+        config = uvicorn.Config(
+            self.app, http=protocol_class(self.limits, refused), lifespan="off", interface="asgi3",
+            log_config=None, access_log=False, proxy_headers=False, server_header=False,
+            headers=[("server", "agenttape")], timeout_keep_alive=int(math.ceil(self.limits.idle_timeout)),
+            timeout_graceful_shutdown=10, ws="none",
+        )
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def connections(self) -> int:
+        """Open HTTP connections."""
+        return len(self._server.server_state.connections)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._server.serve(sockets=[self._sock]))
+        except BaseException as exc:  # noqa: BLE001 - reported to start()
+            self._error = exc
+            log.error("the HTTP server stopped: %s", exc)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="agenttape-http", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="agenttape-http", daemon=True)
         self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise OSError(f"the HTTP server did not start: {self._error}")
+            time.sleep(0.005)
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._server.close_connections()
+        """Stop accepting, finish the requests in progress (10 s at most), close every connection."""
+        self._server.should_exit = True
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=20)
+        self._app.close()
+        self._sock.close()

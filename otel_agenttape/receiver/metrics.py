@@ -32,6 +32,8 @@ _HELP = {
     "agenttape_backpressure_total": ("counter", "Requests refused because the ingest queue was full."),
     "agenttape_store_errors_total": ("counter", "Failed store writes (retried from the WAL)."),
     "agenttape_parquet_errors_total": ("counter", "Failed Parquet lake writes (DuckDB still holds the rows)."),
+    "agenttape_requests_too_many_items_total": ("counter", "Requests refused for holding more spans (log records) than allowed."),
+    "agenttape_http_refused_total": ("counter", "HTTP connections or requests cut off by a limit, by reason."),
     "agenttape_wal_replayed_records_total": ("counter", "WAL records applied at start."),
     "agenttape_ingest_latency_seconds": ("histogram", "Time from request received to acknowledgement."),
     "agenttape_store_write_seconds": ("histogram", "Duration of one batched store write."),

@@ -23,8 +23,9 @@ from typing import Any
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from otel_agenttape.receiver.batchrows import batch_tables
 from otel_agenttape.receiver.convert import ConvertPool
-from otel_agenttape.receiver.decode import DecodeError
+from otel_agenttape.receiver.decode import BodyTooLarge, DecodeError
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.prepare import Prepared, prepare
 from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES, WriteAheadLog
@@ -157,18 +158,19 @@ class IngestPipeline:
 
     # -- admission ----------------------------------------------------------------------------
 
-    def prepare(self, kind: int, body: bytes, media: str) -> Prepared:
+    def prepare(self, kind: int, body: bytes, media: str, max_items: int | None = None) -> Prepared:
         """Decode, validate and (for the store's two-step API) convert a request body: in a converter
-        process when the pool runs, else in the calling thread. Raises ``DecodeError``."""
+        process when the pool runs, else in the calling thread. Raises ``DecodeError`` and, past
+        ``max_items`` spans or log records, ``TooManyItems``."""
         pool = self.pool
         if pool is not None and pool.running:
             try:
-                return pool.prepare(kind, body, media)
-            except DecodeError:
+                return pool.prepare(kind, body, media, max_items)
+            except (DecodeError, BodyTooLarge):
                 raise
             except Exception as exc:  # noqa: BLE001 - a broken worker: prepare here instead
                 log.warning("preparing a request in a worker failed (%s); preparing it here", exc)
-        return prepare(kind, body, media, convert=self.converts)
+        return prepare(kind, body, media, convert=self.converts, max_items=max_items)
 
     def accept(self, kind: int, request: Any, payload: bytes, count: int, tables: Any = None) -> None:
         """Make the request durable (``payload`` in the WAL) and queue it for the store, with its rows
@@ -223,6 +225,11 @@ class IngestPipeline:
                     self._retry_after(),
                     unavailable=False,
                 )
+
+    def admits_now(self) -> bool:
+        """True when ``check_admission`` would pass without waiting (it is then not needed)."""
+        with self._lock:
+            return not self._closing and self._store_failures < _STORE_FAILURES_UNHEALTHY and self._fits(1)
 
     def _raise_if_unavailable(self) -> None:
         if self._closing:
@@ -321,46 +328,7 @@ class IngestPipeline:
 
     def _tables(self, batch: list[_Item]) -> list[rows.Tables]:
         """The rows of a batch in queue order; items queued without rows are converted now."""
-        todo = [it for it in batch if it.tables is None]
-        converted = self._convert(todo) if todo else {}
-        return [it.tables if it.tables is not None else converted[id(it)]
-                for it in batch if it.tables is not None or id(it) in converted]
-
-    def _convert(self, items: list[_Item]) -> dict[int, rows.Tables]:
-        """Rows for runs of same-kind items, keyed by the id of each run's first item: in the worker
-        processes (chunks of about ``chunk_items``) when there are many, else in this thread."""
-        pooled = self.pool is not None and sum(it.count for it in items) >= self.pool_threshold
-        chunks: list[list[_Item]] = []
-        for it in items:
-            last = chunks[-1] if chunks else None
-            if last and last[0].kind == it.kind and (not pooled or sum(c.count for c in last) < self.chunk_items):
-                last.append(it)
-            else:
-                chunks.append([it])
-        futures: list[Any] = [None] * len(chunks)
-        if pooled:
-            assert self.pool is not None
-            try:
-                futures = [self.pool.submit(chunk[0].kind, [it.payload for it in chunk]) for chunk in chunks]
-            except Exception as exc:  # noqa: BLE001 - no workers: convert here
-                log.warning("row conversion workers unavailable (%s); converting in the writer", exc)
-                futures = [None] * len(chunks)
-        out: dict[int, rows.Tables] = {}
-        for chunk, future in zip(chunks, futures):
-            tables = None
-            if future is not None:
-                try:
-                    tables = future.result()
-                except Exception as exc:  # noqa: BLE001 - a broken worker: convert here instead
-                    log.warning("row conversion in a worker failed (%s); converting in the writer", exc)
-            out[id(chunk[0])] = tables if tables is not None else self._convert_here(chunk)
-        return out
-
-    @staticmethod
-    def _convert_here(chunk: list[_Item]) -> rows.Tables:
-        if chunk[0].kind == KIND_TRACES:
-            return rows.traces_to_tables([it.payload for it in chunk])
-        return rows.logs_to_tables([it.message() for it in chunk])
+        return batch_tables(batch, self.pool, self.pool_threshold, self.chunk_items)
 
     def _to_sink(self, res: Any) -> None:
         if self.sink is None or not getattr(res, "tables", None):

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from otel_agenttape.receiver.convert import ConvertPool, default_workers
 from otel_agenttape.receiver.decode import DEFAULT_MAX_BODY
 from otel_agenttape.receiver.grpc import GrpcReceiver
 from otel_agenttape.receiver.http import HttpContext, HttpReceiver
+from otel_agenttape.receiver.limits import Limits
 from otel_agenttape.receiver.metrics import Metrics, render_genai
 from otel_agenttape.receiver.pipeline import DEFAULT_MAX_QUEUE_BYTES, IngestPipeline
 from otel_agenttape.receiver.service import ExportService
@@ -98,6 +100,9 @@ class TapeServer:
         lake_max_spans: int | None = None,
         query_timeout: float | None = None,
         max_queries: int = DEFAULT_MAX_QUERIES,
+        limits: Limits | None = None,
+        http_routes: Sequence[Any] = (),
+        http_fallback: Any = None,
     ) -> None:
         self.db = None if db is None else str(db)
         self.host = host
@@ -105,7 +110,11 @@ class TapeServer:
         self._grpc_port_req = grpc_port
         self.parquet_dir = None if parquet_dir is None else str(parquet_dir)
         self.token = token or None
-        self.max_body = max_body
+        # per-request and per-connection limits (``limits.py``); ``max_body`` is the one most callers set
+        self.limits = limits if limits is not None else Limits(max_body=max_body)
+        self.max_body = self.limits.max_body
+        self.http_routes = list(http_routes)  # more Starlette routes on the HTTP port (see receiver/http.py)
+        self.http_fallback = http_fallback  # an ASGI app for every other HTTP path, instead of a 404
         self.max_queue_bytes = max_queue_bytes
         self.grpc_enabled = grpc_enabled
         # processes decoding and converting requests to rows (None: one per core, up to 4; 0: in-process)
@@ -156,7 +165,8 @@ class TapeServer:
                 sink = ParquetSink(self.parquet_dir)
             self.pipeline = IngestPipeline(self.store, self.wal, self.metrics, max_queue_bytes=self.max_queue_bytes,
                                            sink=sink, pool=ConvertPool(self.ingest_workers))
-            service = ExportService(self.pipeline, self.metrics, is_ready=lambda: self._ready)
+            service = ExportService(self.pipeline, self.metrics, is_ready=lambda: self._ready,
+                                    max_items=self.limits.max_spans_per_request)
             ctx = HttpContext(
                 service=service,
                 metrics=self.metrics,
@@ -166,11 +176,13 @@ class TapeServer:
                 health=self.health,
                 render_metrics=self.render_metrics,
                 run_query=self._handle_query,
+                limits=self.limits,
             )
             # listen first: while the WAL replays, /healthz says 503 and exports get 503 + Retry-After
-            self._http = HttpReceiver(self.host, self._http_port_req, ctx)
+            self._http = HttpReceiver(self.host, self._http_port_req, ctx, self.http_routes, self.http_fallback)
             if self.grpc_enabled:
-                self._grpc = GrpcReceiver(self.host, self._grpc_port_req, service, self.metrics, self.token, self.max_body)
+                self._grpc = GrpcReceiver(self.host, self._grpc_port_req, service, self.metrics, self.token, self.max_body,
+                                          idle_timeout=self.limits.idle_timeout)
                 self._grpc.start()
             self._http.start()
             self.replayed_records = self.pipeline.replay_wal()
@@ -370,6 +382,7 @@ class TapeServer:
             "agenttape_wal_lag_records": ("WAL records not yet applied to the store.", w.lag_records if w else 0),
             "agenttape_wal_disk_bytes": ("Bytes of WAL segments on disk.", w.disk_bytes if w else 0),
             "agenttape_wal_fsyncs": ("Group-commit flushes of the WAL since start.", w.fsyncs if w else 0),
+            "agenttape_http_connections": ("Open HTTP connections.", self._http.connections if self._http else 0),
         }
         if self.publisher is not None:
             gauges.update(self.publisher.gauges())

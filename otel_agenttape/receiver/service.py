@@ -10,7 +10,8 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from otel_agenttape.receiver.decode import DecodeError
+from otel_agenttape.receiver.decode import DecodeError, TooManyItems
+from otel_agenttape.receiver.limits import DEFAULT_MAX_SPANS_PER_REQUEST
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import Backpressure, IngestPipeline
 from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES
@@ -23,16 +24,19 @@ class ExportService:
     """Shared by the HTTP and gRPC transports so both apply the same rules."""
 
     def __init__(self, pipeline: IngestPipeline, metrics: Metrics,
-                 is_ready: Callable[[], bool] = lambda: True) -> None:
+                 is_ready: Callable[[], bool] = lambda: True,
+                 max_items: int = DEFAULT_MAX_SPANS_PER_REQUEST) -> None:
         self.pipeline = pipeline
         self.metrics = metrics
         self.is_ready = is_ready
+        self.max_items = max_items  # spans (log records) per request: more is refused before decoding
 
     def export(self, signal: str, body: bytes, media: str) -> Any:
         """Handle one decompressed request body; returns the Export*ServiceResponse.
 
-        Raises ``DecodeError`` (400) when nothing in the request can be stored and
-        ``Backpressure`` (429/503) when the queue is full or the receiver is not ready yet.
+        Raises ``DecodeError`` (400) when nothing in the request can be stored, ``TooManyItems``
+        (413) past ``max_items`` spans or log records, and ``Backpressure`` (429/503) when the queue
+        is full or the receiver is not ready yet.
         """
         if not self.is_ready():
             raise Backpressure("the receiver is starting (replaying its write-ahead log)", 2.0, unavailable=True)
@@ -42,7 +46,11 @@ class ExportService:
         else:
             kind, unit = KIND_LOGS, "logs"
             resp = ExportLogsServiceResponse()
-        v = self.pipeline.prepare(kind, body, media)
+        try:
+            v = self.pipeline.prepare(kind, body, media, self.max_items)
+        except TooManyItems:
+            self.metrics.inc("agenttape_requests_too_many_items_total", signal=signal)
+            raise
         if v.rejected:
             for reason, n in (v.reasons or {"invalid_id": v.rejected}).items():
                 self.metrics.inc(f"agenttape_{unit}_rejected_total", n, reason=reason)
