@@ -58,6 +58,7 @@ class _AgentRun:
     handed_from: "_AgentRun | None" = None  # the run that handed off to this one
     handing_off: bool = False  # handed off: ends when the agent it handed to ends
     deferred: tuple[int | None, str | None, dict[str, Any]] | None = None
+    tripped: str | None = None  # a guardrail that tripped: the SDK raises, the run failed
 
 
 @dataclass
@@ -277,6 +278,8 @@ class AgentTapeProcessor(TracingProcessor):
         if opened.scope is not None:
             opened.scope.release()
         error = _error_text(span.error)
+        if error is None and run.tripped:
+            error = f"GuardrailTripwireTriggered: guardrail {run.tripped} triggered"
         extra = {}
         tools = list(getattr(span.span_data, "tools", None) or [])
         handoffs = list(getattr(span.span_data, "handoffs", None) or [])
@@ -449,6 +452,8 @@ class AgentTapeProcessor(TracingProcessor):
         if run is None:
             return
         data = span.span_data
+        if data.triggered:
+            run.tripped = data.name
         self.listener.dispatch(self._event(EventType.METADATA, run, iso_ns(span.ended_at), step=-1,
                                            payload={"guardrail": data.name, "triggered": bool(data.triggered)}))
 
