@@ -1,7 +1,8 @@
 """otel-agenttape: an AI agent's run as a first-class OpenTelemetry artifact (a tape).
 
-``otel_agenttape.setup(...)`` / ``otel_agenttape.instrument(provider)`` return a Tape; the capture
-names below load on first use, so ``import otel_agenttape`` does not pull in the OTel SDK.
+``otel_agenttape.setup(...)`` / ``otel_agenttape.instrument(provider)`` return a Tape;
+``otel_agenttape.open(source)`` reads tapes back (docs/api.md). These names load on first use, so
+``import otel_agenttape`` pulls in neither the OTel SDK nor DuckDB.
 """
 
 from __future__ import annotations
@@ -16,7 +17,16 @@ _CAPTURE_EXPORTS = (
     "RemoteParent", "current_run",
 )
 
-__all__ = ["__version__", *_CAPTURE_EXPORTS]
+_READ_EXPORTS = {
+    "open": "otel_agenttape.sources",
+    "Tapes": "otel_agenttape.tape.read",
+    "RunSummary": "otel_agenttape.tape.read",
+    "Page": "otel_agenttape.tape.read",
+    "RunNotFound": "otel_agenttape.tape.refs",
+    "AmbiguousRunError": "otel_agenttape.tape.refs",
+}
+
+__all__ = ["__version__", *_CAPTURE_EXPORTS, *_READ_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,6 +37,12 @@ def __getattr__(name: str) -> Any:
 
         module = importlib.import_module(f"otel_agenttape.capture.{_EXPORTS[name]}")
         value = getattr(module, name)
+        globals()[name] = value
+        return value
+    if name in _READ_EXPORTS:
+        import importlib
+
+        value = getattr(importlib.import_module(_READ_EXPORTS[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'otel_agenttape' has no attribute {name!r}")

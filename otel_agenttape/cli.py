@@ -151,15 +151,17 @@ def _store_call(fn: object, *a: object, **kw: object) -> int:
         return int(fn(*a, **kw))  # type: ignore[operator]
     except BrokenPipeError:
         raise  # the reader of our output went away: main() exits 0
-    except (StoreError, FileExistsError, OSError) as exc:
+    except (StoreError, FileExistsError, OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """List recorded runs, newest first."""
     from otel_agenttape.commands import store as commands
+    from otel_agenttape.commands.sources import source_of
 
-    return _store_call(commands.runs, args.db, limit=args.limit, as_json=args.json)
+    return _store_call(commands.runs, source_of(args), limit=args.limit, as_json=args.json, agent=args.agent,
+                       status=args.status, source=args.source, session=args.session, since=args.since)
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -377,9 +379,15 @@ def _build_parser() -> argparse.ArgumentParser:
     _tape_source_args(p)
     p.set_defaults(func=cmd_dataset)
 
-    p = sub.add_parser("runs", help="list recorded runs, newest first")
-    p.add_argument("--db", default=default_db(), help="DuckDB file or Parquet lake folder (env AGENTTAPE_DB)")
+    p = sub.add_parser("runs", help="list recorded runs of every instrumentation, newest first")
+    _tape_source_args(p)
     p.add_argument("--limit", type=int, default=20, help="how many runs (default 20)")
+    p.add_argument("--agent", default=None, help="only runs of this agent")
+    p.add_argument("--status", default=None, help="only runs with this status (completed, error, incomplete, ...)")
+    p.add_argument("--source", default=None,
+                   help="only runs recorded by this source (agenttape, otel-genai, openinference, openllmetry, ...)")
+    p.add_argument("--session", default=None, help="only the runs (turns) of this session")
+    p.add_argument("--since", default=None, metavar="T", help="only runs started at or after T (ISO date/time)")
     p.add_argument("--json", action="store_true", help="print a JSON array")
     p.set_defaults(func=cmd_runs)
 

@@ -157,6 +157,30 @@ EVENT_TOOL_MESSAGE = "gen_ai.tool.message"
 EVENT_CHOICE = "gen_ai.choice"
 LOG_EVENT_NAME = "event.name"  # event name as a log attribute (older Logs API emitters)
 
+# --- what makes a run in each source (read by store/views.py and tape/foreign.py alike) ------------
+OP_CREATE_AGENT = "create_agent"
+RUN_OPERATIONS = frozenset({OP_INVOKE_AGENT, OP_CREATE_AGENT})
+TRACELOOP_WORKFLOW_NAME = "traceloop.workflow.name"
+TRACELOOP_SESSION_ID = "traceloop.association.properties.session_id"
+TRACELOOP_CONVERSATION_ID = "traceloop.association.properties.conversation_id"
+# OpenInference span kinds: always a run / a run when it is the root of its trace
+OI_RUN_KINDS = frozenset({"AGENT"})
+OI_ROOT_RUN_KINDS = frozenset({"CHAIN"})
+TRACELOOP_RUN_KINDS = frozenset({"agent"})
+TRACELOOP_ROOT_RUN_KINDS = frozenset({"workflow"})
+# run sources (the `source` column of the runs view)
+SOURCE_AGENTTAPE = "agenttape"
+SOURCE_GENAI = "otel-genai"
+SOURCE_OPENINFERENCE = "openinference"
+SOURCE_OPENLLMETRY = "openllmetry"
+SOURCE_OPENAI_AGENTS = "openai-agents"
+SOURCE_LANGGRAPH = "langgraph"
+SOURCE_LANGCHAIN = "langchain"
+# OpenLLMetry's own instrumentations now write GenAI attributes; they are told apart by their scope
+# (``opentelemetry.instrumentation.openai.v1``) and the attribute OpenLLMetry alone adds
+OPENLLMETRY_SCOPE_SUFFIX = ".v1"
+OPENLLMETRY_API_BASE = "gen_ai.openai.api_base"
+
 # --- framework adapters (otel_agenttape.integrations) --------------------------------------------
 FRAMEWORK = "agenttape.framework"  # on run spans: "openai-agents", "langgraph", "langchain"
 FRAMEWORK_AGENT_TOOLS = "agenttape.agent.tools"  # the tool names an agent had

@@ -17,7 +17,7 @@ LAYER = {
     "integrity": 1, "resume": 1,
     "capture": 2, "store": 2,
     "receiver": 3, "tape": 3, "sessions": 3,
-    "cli": 4, "commands": 4, "console": 4, "demo": 4, "doctor": 4, "__main__": 4, "__init__": 4,  # the package facade re-exports setup()
+    "cli": 4, "commands": 4, "console": 4, "demo": 4, "doctor": 4, "__main__": 4, "__init__": 4, "sources": 4,  # the package facade re-exports setup()
 }
 TOP = 4  # the command line: its modules may import one another
 # Same-layer imports that the design names explicitly.

@@ -27,11 +27,12 @@ def db(tmp_path):
 def test_runs_text_and_json(db, capsys):
     assert main(["runs", "--db", db]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split()[:3] == ["run_id", "trace_id", "agent"] and "(3 rows)" in out
+    assert out.splitlines()[0].split()[:4] == ["ref", "agent", "source", "status"] and "(3 rows)" in out
     assert main(["runs", "--db", db, "--json", "--limit", "2"]) == 0
     runs = json.loads(capsys.readouterr().out)
     assert [r["run_id"] for r in runs] == ["run-7-2", "run-7-1"]  # newest first
-    assert runs[0]["model_nodes"] == 2 and runs[0]["tool_nodes"] == 1 and runs[0]["status"] == "completed"
+    assert runs[0]["model_calls"] == 2 and runs[0]["tool_calls"] == 1 and runs[0]["status"] == "completed"
+    assert runs[0]["ref"] == f"run-7-2@{runs[0]['trace_id']}" and runs[0]["source"] == "agenttape"
 
 
 def test_sql_formats_and_refusals(db, capsys):
@@ -183,5 +184,6 @@ def test_runs_lists_a_run_whose_run_span_never_arrived(tmp_path, capsys):
     assert set(rows) == {"done", "crashed"}
     c = rows["crashed"]
     assert (c["status"], c["agent"], c["session_id"]) == ("incomplete", "crashy", "s-1")
-    assert (c["model_nodes"], c["tool_nodes"], c["input_tokens"]) == (2, 1, 15)
-    assert rows["done"]["status"] == "completed" and rows["done"]["model_nodes"] == 1
+    # tokens are the model calls' (the tool span's count is not usage), as replay sums them
+    assert (c["model_calls"], c["tool_calls"], c["input_tokens"], c["incomplete"]) == (2, 1, 10, True)
+    assert rows["done"]["status"] == "completed" and rows["done"]["model_calls"] == 1

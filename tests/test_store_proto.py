@@ -43,7 +43,11 @@ def _check(message, table):
     for name, col in zip(table.column_names, table.columns):
         f = fields[name]
         t = col.type
-        if pa.types.is_integer(t):
+        if pa.types.is_boolean(t):
+            assert f.type == f.TYPE_BOOL, name
+        elif pa.types.is_list(t):
+            assert f.is_repeated and f.type == f.TYPE_STRING, name
+        elif pa.types.is_integer(t):
             assert f.type in (f.TYPE_INT64, f.TYPE_INT32), name
         elif pa.types.is_floating(t):
             assert f.type == f.TYPE_DOUBLE, name

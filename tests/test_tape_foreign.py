@@ -28,7 +28,8 @@ from opentelemetry.trace import Status, StatusCode
 
 from otel_agenttape.cli import main
 from otel_agenttape.store.writer import Store
-from otel_agenttape.tape import export_dataset, list_runs, reconstruct, reconstruct_tree, replay_model_mock
+from otel_agenttape.tape import export_dataset, reconstruct, reconstruct_tree, replay_model_mock
+from otel_agenttape.tape.read import Tapes
 from tape_agents import start_server
 from tape_fakeopenai import FakeOpenAI
 
@@ -80,7 +81,7 @@ def test_real_instrumentation_through_the_receiver(receiver, convention, mode, c
     assert [m.role for m in run.model_nodes[1].prompt] == ["system", "user", "assistant", "tool"]
     assert replay_model_mock(run.model_nodes[1]).output is not None
     # the same trace appears among the runs a dataset export reads
-    assert trace_id in {r.run_id for r in list_runs(reader)}
+    assert trace_id in {r.run_id for r in Tapes(reader, owns=False).runs().runs}
     # and `agenttape replay TRACE_ID` shows it (through the serving receiver's query endpoint)
     capsys.readouterr()
     assert main(["replay", trace_id, "--db", receiver.db, "--json"]) == 0
@@ -273,4 +274,8 @@ def test_foreign_child_trace_linked_into_a_tree():
     assert _tid(helper) != _tid(boss)
     store = _store(exporter)
     tree = reconstruct_tree(store.reader(), "boss")
-    assert [(c.run_id, c.agent, c.output) for c in tree.children] == [(_tid(helper), "helper", "helped")]
+    # another instrumentation's run span is the run named by its span id, in its trace
+    helper_id = format(helper.get_span_context().span_id, "016x")
+    assert [(c.ref, c.agent, c.output) for c in tree.children] == [(f"{helper_id}@{_tid(helper)}", "helper", "helped")]
+    listed = {r.ref: r for r in Tapes(store.reader()).runs().runs}
+    assert listed[f"{helper_id}@{_tid(helper)}"].parent_ref.startswith("boss@")

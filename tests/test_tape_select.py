@@ -8,7 +8,8 @@ from opentelemetry import trace
 from otel_agenttape import semconv as sc
 from otel_agenttape.store import samples
 from otel_agenttape.store.writer import Store
-from otel_agenttape.tape import list_runs
+from otel_agenttape.tape import iter_runs
+from otel_agenttape.tape.read import Tapes
 from otel_agenttape.tape.dataset import parse_since
 
 T = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
@@ -36,18 +37,25 @@ def reader(tmp_path):
     store.close()
 
 
+def _listed(reader, **filters):
+    return sorted(Tapes(reader, owns=False).runs(**filters).runs, key=lambda r: r.start_ns)
+
+
 def test_since_picks_runs_that_started_then_and_keeps_their_whole_window(reader):
-    assert [r.run_id for r in list_runs(reader, since_ns=T, include_foreign=False)] == ["early", "late"]
-    (early, _) = list_runs(reader, since_ns=T, include_foreign=False)
-    assert early.windows[0][1:] == (T, T + 10 * MIN)  # from the run span's start to its end
+    assert [r.run_id for r in _listed(reader, since=T)] == ["early", "late"]
+    (early, _) = _listed(reader, since=T)
+    assert (early.start_ns, early.end_ns) == (T, T + 10 * MIN)  # from the run span's start to its end
+    (run,) = iter_runs(reader, [early.ref])
+    assert len(run.model_nodes) == 2  # the whole run is rebuilt, the late node too
     # a cutoff in the middle of a run: that run started before it, so it is not picked
-    assert [r.run_id for r in list_runs(reader, since_ns=T + 5 * MIN, include_foreign=False)] == ["late"]
+    assert [r.run_id for r in _listed(reader, since=T + 5 * MIN)] == ["late"]
 
 
 def test_agent_filter_keeps_the_spans_that_do_not_name_the_agent(reader):
-    (early, late) = list_runs(reader, agent="planner", include_foreign=False)
-    assert early.windows[0][1:] == (T, T + 10 * MIN) and late.start_ns == T + 30 * MIN
-    assert list_runs(reader, agent="nobody", include_foreign=False) == []
+    (early, late) = _listed(reader, agent="planner")
+    assert (early.start_ns, early.end_ns) == (T, T + 10 * MIN) and late.start_ns == T + 30 * MIN
+    assert early.model_calls == 2  # its model spans do not name the agent, and still count
+    assert _listed(reader, agent="nobody") == []
 
 
 def test_since_reads_iso_dates_and_nanoseconds_only():

@@ -50,3 +50,29 @@ def open_source(db: str | None = None, parquet: str | None = None, otlp: Sequenc
 def open_args(args: Any) -> Any:
     """``open_source`` from a command's ``--db``, ``--parquet`` and ``--otlp`` options."""
     return open_source(getattr(args, "db", None), getattr(args, "parquet", None), getattr(args, "otlp", None))
+
+
+def source_of(args: Any) -> Any:
+    """What ``--otlp``, ``--parquet`` or ``--db`` names, for ``otel_agenttape.open``."""
+    otlp, parquet, db = getattr(args, "otlp", None), getattr(args, "parquet", None), getattr(args, "db", None)
+    if otlp:
+        return list(otlp)
+    if parquet:
+        if not os.path.isdir(parquet):
+            raise CliError(f"no Parquet lake at {parquet}")
+        return parquet
+    if not db:
+        raise CliError("no source: give --db, --parquet or --otlp")
+    return db
+
+
+def open_tapes(args: Any) -> Any:
+    """``otel_agenttape.open`` on a command's source; a source that cannot be read is a one-line error."""
+    from otel_agenttape.receiver.files import OtlpFileError
+    from otel_agenttape.sources import open as open_source_tapes
+    from otel_agenttape.store.reader import StoreError
+
+    try:
+        return open_source_tapes(source_of(args))
+    except (StoreError, OtlpFileError) as exc:
+        raise CliError(str(exc)) from None

@@ -17,7 +17,6 @@ from typing import Any, TextIO
 import pyarrow as pa
 
 from otel_agenttape.store.reader import open_reader
-from otel_agenttape.store.sql import run_readonly_sql
 
 _CELL = 60
 
@@ -48,7 +47,7 @@ def _pylist(table: pa.Table) -> list[dict[str, Any]]:
     return pa.Table.from_arrays(cols, names=table.column_names).to_pylist()
 
 
-def _cell(v: Any) -> str:
+def _cell(v: Any, whole: bool = False) -> str:
     if v is None:
         return ""
     if isinstance(v, float):
@@ -56,11 +55,11 @@ def _cell(v: Any) -> str:
     else:
         text = str(_jsonable(v))
     text = text.replace("\n", " ")
-    return text if len(text) <= _CELL else text[: _CELL - 1] + "…"
+    return text if whole or len(text) <= _CELL else text[: _CELL - 1] + "…"
 
 
-def print_table(table: pa.Table, out: TextIO, fmt: str = "text") -> None:
-    """Print rows as aligned text, JSON (one array) or CSV."""
+def print_table(table: pa.Table, out: TextIO, fmt: str = "text", whole: tuple[str, ...] = ()) -> None:
+    """Print rows as aligned text, JSON (one array) or CSV; ``whole`` columns are never shortened."""
     rows = _pylist(table)
     if fmt == "json":
         out.write(json.dumps([_jsonable(r) for r in rows], ensure_ascii=False, default=str) + "\n")
@@ -71,7 +70,7 @@ def print_table(table: pa.Table, out: TextIO, fmt: str = "text") -> None:
         for r in rows:
             w.writerow(["" if r[c] is None else _jsonable(r[c]) for c in table.column_names])
         return
-    cells = [[_cell(r[c]) for c in table.column_names] for r in rows]
+    cells = [[_cell(r[c], c in whole) for c in table.column_names] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(table.column_names)]
     line = "  ".join(c.ljust(widths[i]) for i, c in enumerate(table.column_names))
     out.write(line.rstrip() + "\n")
@@ -80,44 +79,42 @@ def print_table(table: pa.Table, out: TextIO, fmt: str = "text") -> None:
     out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
 
 
-# The runs view (one row per run span) plus the runs known only by their node spans: their process
-# died before the run span ended, so they are listed as ``incomplete``, as ``replay`` calls them.
-RUNS_SQL = """
-WITH listed AS (
-  SELECT run_id, trace_id, agent, session_id, status, start_time, duration_ms,
-         model_nodes, tool_nodes, input_tokens, output_tokens, start_time_unix_nano
-  FROM runs
-  UNION ALL
-  SELECT s.run_id, s.trace_id, any_value(s.agent_name), any_value(s.session_id), 'incomplete',
-         make_timestamp(min(s.start_time_unix_nano) // 1000),
-         (max(s.end_time_unix_nano) - min(s.start_time_unix_nano)) / 1e6,
-         count(*) FILTER (WHERE s.node_type = 'model'), count(*) FILTER (WHERE s.node_type = 'tool'),
-         CAST(sum(s.input_tokens) AS BIGINT), CAST(sum(s.output_tokens) AS BIGINT), min(s.start_time_unix_nano)
-  FROM spans s
-  WHERE s.node_type IN ('model', 'tool') AND s.run_id IS NOT NULL AND NOT EXISTS (
-    SELECT 1 FROM spans r WHERE r.operation_name = 'invoke_agent' AND r.run_id = s.run_id AND r.trace_id = s.trace_id)
-  GROUP BY s.run_id, s.trace_id
-)
-SELECT run_id, trace_id, agent, session_id, status, start_time, duration_ms,
-       model_nodes, tool_nodes, input_tokens, output_tokens
-FROM listed ORDER BY start_time_unix_nano DESC, run_id LIMIT ?
-"""
+_RUN_COLUMNS = ("ref", "agent", "source", "status", "session_id", "parent_ref", "errors", "start_time",
+                "duration_ms", "model_calls", "tool_calls", "input_tokens", "output_tokens")
 
 
-def runs(db: str, limit: int = 20, as_json: bool = False, out: TextIO | None = None) -> int:
-    """List runs newest first."""
+def _iso(ns: int) -> str:
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.timezone.utc).replace(tzinfo=None).isoformat()
+
+
+def runs(db: Any, limit: int = 20, as_json: bool = False, out: TextIO | None = None, **filters: Any) -> int:
+    """List runs of every source newest first, with a footer saying how many more match."""
+    from otel_agenttape.sources import open as open_tapes
+
     out = out or sys.stdout
-    with open_reader(db) as reader:
-        table = reader.query(RUNS_SQL, [int(limit)])
-    print_table(table, out, "json" if as_json else "text")
+    with open_tapes(db) as tapes:
+        page = tapes.runs(limit=int(limit), **{k: v for k, v in filters.items() if v is not None})
+    if as_json:
+        out.write(json.dumps([r.to_dict() for r in page.runs], ensure_ascii=False, default=str) + "\n")
+        return 0
+    rows = [{**r.to_dict(), "start_time": _iso(r.start_ns)} for r in page.runs]
+    table = pa.Table.from_pylist([{c: row[c] for c in _RUN_COLUMNS} for row in rows]) if rows else pa.table(
+        {c: pa.array([], pa.string()) for c in _RUN_COLUMNS})
+    print_table(table, out, "text", whole=("ref", "parent_ref"))
+    more = page.total - len(page.runs)
+    if more > 0:
+        out.write(f"{more} more (of {page.total}): raise --limit or narrow with --agent/--status/--source/"
+                  "--session/--since\n")
     return 0
 
 
 def sql(db: str, query: str, fmt: str = "text", out: TextIO | None = None) -> int:
     """Run one read-only query and print its rows."""
+    from otel_agenttape.sources import open as open_tapes
+
     out = out or sys.stdout
-    with open_reader(db) as reader:
-        table = run_readonly_sql(reader, query)
+    with open_tapes(db) as tapes:
+        table = tapes.sql(query)
     print_table(table, out, fmt)
     return 0
 

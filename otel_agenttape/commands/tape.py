@@ -1,30 +1,38 @@
-"""The `agenttape show | replay | diff | dataset` commands."""
+"""The `agenttape show | replay | diff | dataset` commands, over the read model (``Tapes``).
+
+A RUN is ``RUN_ID@TRACE_ID`` (as ``agenttape runs`` lists it), a trace id (its root run) or a bare run
+id; a bare id that names runs in several traces is refused with the candidates (exit 2), never merged.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from otel_agenttape.cli import CliError
-from otel_agenttape.commands.sources import open_args
+from otel_agenttape.commands.sources import open_tapes
 from otel_agenttape.tape.content import dump_json
 from otel_agenttape.tape.model import Run
-from otel_agenttape.tape.rebuild import RunNotFound, reconstruct, reconstruct_tree
+from otel_agenttape.tape.refs import AmbiguousRunError, RunNotFound
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+T = TypeVar("T")
 
 
-def _open(args: argparse.Namespace) -> Any:
-    return open_args(args)
-
-
-def _load(reader: Any, run_id: str, tree: bool = False) -> Any:
+def _read(args: argparse.Namespace, fn: Callable[[Any], T]) -> T:
+    """Run ``fn(tapes)``; an unknown or ambiguous run is a one-line error (exit 2)."""
+    tapes = open_tapes(args)
     try:
-        return reconstruct_tree(reader, run_id) if tree else reconstruct(reader, run_id)
+        return fn(tapes)
+    except AmbiguousRunError as exc:
+        raise CliError(f"{exc}\n" + "\n".join(f"  {c}" for c in exc.candidates)) from None
     except RunNotFound as exc:
         raise CliError(str(exc)) from None
+    finally:
+        tapes.close()
 
 
 def _short(value: Any, limit: int = 160) -> str:
@@ -34,7 +42,8 @@ def _short(value: Any, limit: int = 160) -> str:
 
 
 def _print_steps(run: Run, indent: str = "") -> None:
-    head = f"{indent}run {run.run_id}  agent={run.agent}  status={run.status}  nodes={len(run.nodes)}"
+    head = (f"{indent}run {run.ref}  agent={run.agent}  source={run.source}  status={run.status}"
+            f"  nodes={len(run.nodes)}")
     if run.truncated:
         head += f"  TRUNCATED({len(run.truncated)})"
     print(head)
@@ -64,91 +73,78 @@ def _print_steps(run: Run, indent: str = "") -> None:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Print a run's ordered step stream (``--json``: the steps as JSON)."""
-    reader = _open(args)
-    try:
-        run = _load(reader, args.run)
-    finally:
-        reader.close()
+    run = _read(args, lambda t: t.rebuild(args.run))
     if args.json:
-        print(dump_json({"run_id": run.run_id, "status": run.status, "steps": [s.to_json() for s in run.steps]}))
+        print(dump_json({"run_id": run.run_id, "ref": run.ref, "status": run.status,
+                         "steps": [s.to_json() for s in run.steps]}))
     else:
         _print_steps(run)
     return EXIT_OK
 
 
-def _print_run(run: Run, indent: str = "") -> None:
-    print(f"{indent}run {run.run_id}  agent={run.agent}  status={run.status}"
-          + (f"  parent={run.parent_run_id}" if run.parent_run_id else ""))
-    for m in run.input:
-        print(f"{indent}  {m.role}: {_short(m.content())}")
-    for t in run.tools:
-        shown = f"ERROR {t.error}" if t.error else _short(t.result)
-        print(f"{indent}  tool {t.name}({_short(t.arguments)}) -> {shown}")
-    print(f"{indent}  output: {_short(run.output, 400)}")
-    for child in run.children:
+def _print_run(doc: dict[str, Any], indent: str = "") -> None:
+    print(f"{indent}run {doc['ref']}  agent={doc['agent']}  status={doc['status']}"
+          + (f"  parent={doc['parent_run_id']}" if doc.get("parent_run_id") else ""))
+    for m in doc["input"]:
+        print(f"{indent}  {m['role']}: {_short(m['content'])}")
+    for t in doc["tools"]:
+        shown = f"ERROR {t['error']}" if t.get("error") else _short(t.get("result"))
+        print(f"{indent}  tool {t['name']}({_short(t.get('arguments'))}) -> {shown}")
+    print(f"{indent}  output: {_short(doc['output'], 400)}")
+    for child in doc["children"]:
         _print_run(child, indent + "    ")
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Rebuild a run (or with --tree the run and every child run) from the store, no model call."""
-    reader = _open(args)
-    try:
-        loaded = _load(reader, args.run, tree=args.tree)
-    finally:
-        reader.close()
-    run = loaded.root if args.tree else loaded
+    doc = _read(args, lambda t: t.replay(args.run, tree=args.tree))
     if args.json:
-        print(dump_json(run.to_json(children=args.tree)))
+        print(dump_json(doc))
     else:
-        _print_run(run)
+        _print_run(doc)
     return EXIT_OK
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """Show the first node where two runs diverge (exit 1), or say they match (exit 0)."""
-    from otel_agenttape.tape.diff import diff_runs
-
-    reader = _open(args)
-    try:
-        a = _load(reader, args.run_a)
-        b = _load(reader, args.run_b)
-    finally:
-        reader.close()
-    d = diff_runs(a, b)
+    doc = _read(args, lambda t: t.diff(args.run_a, args.run_b))
+    d = doc["first_divergence"]
     if args.json:
-        print(dump_json({"run_a": a.run_id, "run_b": b.run_id, "diverged": d is not None,
-                         "first_divergence": d.to_json() if d else None}))
+        print(dump_json(doc))
     elif d is None:
-        print(f"runs {a.run_id} and {b.run_id} match ({len(a.nodes)} nodes)")
+        print(f"runs {doc['ref_a']} and {doc['ref_b']} match ({doc['nodes_a']} nodes)")
     else:
-        print(f"runs diverge at node {d.index} ({', '.join(d.fields)})")
-        print(f"--- {a.run_id}")
-        print(json.dumps(d.a, indent=2, ensure_ascii=False, default=str))
-        print(f"+++ {b.run_id}")
-        print(json.dumps(d.b, indent=2, ensure_ascii=False, default=str))
+        print(f"runs diverge at node {d['index']} ({', '.join(d['fields'])})")
+        print(f"--- {doc['ref_a']}")
+        print(json.dumps(d["a"], indent=2, ensure_ascii=False, default=str))
+        print(f"+++ {doc['ref_b']}")
+        print(json.dumps(d["b"], indent=2, ensure_ascii=False, default=str))
     return EXIT_FAILED if d is not None else EXIT_OK
 
 
 def cmd_dataset(args: argparse.Namespace) -> int:
     """Export completed runs as OpenAI chat fine-tuning JSONL; skipped runs are counted by reason."""
-    from otel_agenttape.tape.dataset import export_dataset, parse_since
+    from otel_agenttape.tape.dataset import parse_since
 
     try:
         since = parse_since(args.since) if args.since else None
     except ValueError:
         raise CliError(f"--since: not an ISO date/time or nanoseconds since the epoch: {args.since}") from None
-    reader = _open(args)
-    try:
-        out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
+
+    def export(tapes: Any) -> Any:
         try:
-            result = export_dataset(reader, out, agent=args.agent, model=args.model, since_ns=since)
+            out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
+        except OSError as exc:
+            raise CliError(f"cannot write {args.out}: {exc}") from None
+        try:
+            return tapes.dataset(out, agent=args.agent, model=args.model, since=since)
+        except OSError as exc:
+            raise CliError(f"cannot write {args.out}: {exc}") from None
         finally:
             if out is not sys.stdout:
                 out.close()
-    except OSError as exc:
-        raise CliError(f"cannot write {args.out}: {exc}") from None
-    finally:
-        reader.close()
+
+    result = _read(args, export)
     print(result.summary(), file=sys.stderr if args.out == "-" else sys.stdout)
     if args.json:
         print(json.dumps({"written": result.written, "skipped": dict(result.skipped)}),

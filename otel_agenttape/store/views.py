@@ -9,6 +9,7 @@ bools as ``true``/``false``, arrays and kvlists as their typed JSON.
 from __future__ import annotations
 
 from otel_agenttape import semconv as sc
+from otel_agenttape.store.runs_view import RUNS, SPAN_ROLES
 
 MODEL_OPS_SQL = ", ".join(f"'{op}'" for op in sorted(sc.MODEL_OPERATIONS))
 
@@ -125,41 +126,6 @@ SELECT
 FROM n LEFT JOIN ev ON ev.trace_id = n.trace_id AND ev.span_id = n.span_id
 """
 
-RUNS = f"""
-CREATE OR REPLACE VIEW runs AS
-WITH c AS (
-  SELECT resolved_run_id AS run_id, trace_id,
-    count(*) FILTER (WHERE resolved_node_type = 'model') AS model_nodes,
-    count(*) FILTER (WHERE resolved_node_type = 'tool') AS tool_nodes,
-    count(*) FILTER (WHERE resolved_node_type = 'tool' AND status_code = 2) AS tool_errors,
-    CAST(sum(input_tokens) AS BIGINT) AS input_tokens,
-    CAST(sum(output_tokens) AS BIGINT) AS output_tokens
-  FROM node_spans GROUP BY resolved_run_id, trace_id
-)
-SELECT
-  coalesce(r.run_id, r.span_id) AS run_id,
-  r.trace_id,
-  r.span_id,
-  r.agent_name AS agent,
-  r.session_id,
-  r.parent_run_id,
-  coalesce(r.run_status, CASE WHEN r.status_code = 2 THEN '{sc.STATUS_ERROR}'
-                              ELSE '{sc.STATUS_COMPLETED}' END) AS status,
-  r.start_time_unix_nano,
-  r.end_time_unix_nano,
-  make_timestamp(r.start_time_unix_nano // 1000) AS start_time,
-  r.duration_ms,
-  coalesce(c.model_nodes, 0) AS model_nodes,
-  coalesce(c.tool_nodes, 0) AS tool_nodes,
-  coalesce(c.tool_errors, 0) AS tool_errors,
-  c.input_tokens,
-  c.output_tokens,
-  r.service_name,
-  r.status_message
-FROM spans r LEFT JOIN c ON c.run_id = coalesce(r.run_id, r.span_id) AND c.trace_id = r.trace_id
-WHERE r.operation_name = '{sc.OP_INVOKE_AGENT}'
-"""
-
 _KIND_RANK = (
     "CASE kind WHEN 'tool_result' THEN 0 WHEN 'input' THEN 1 WHEN 'tool_call' THEN 1 "
     "WHEN 'terminal' THEN 9 ELSE 2 END"
@@ -209,7 +175,7 @@ WITH nd AS (
   FROM spans WHERE operation_name = '{sc.OP_INVOKE_AGENT}'
 )
 SELECT run_id,
-  CAST(row_number() OVER (PARTITION BY run_id
+  CAST(row_number() OVER (PARTITION BY run_id, trace_id
         ORDER BY time_unix_nano, {_KIND_RANK}, seq NULLS FIRST, event_index NULLS FIRST, span_id) - 1
        AS BIGINT) AS step_index,
   kind, time_unix_nano, trace_id, span_id, node_type, turn_id, step, seq, event_index, name, content, status
@@ -220,6 +186,7 @@ VIEWS: list[tuple[str, str]] = [
     ("node_spans", NODE_SPANS),
     ("node_events", NODE_EVENTS),
     ("nodes", NODES),
+    ("span_roles", SPAN_ROLES),
     ("runs", RUNS),
     ("steps", STEPS),
 ]

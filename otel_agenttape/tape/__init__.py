@@ -10,7 +10,8 @@ from .cassette import Cassette, ReplayModelClient, ReplayStream, ReplayToolExecu
 from .dataset import DatasetResult, example, export_dataset
 from .diff import RunDiff, diff_runs
 from .model import Message, Node, Run, RunTree, Step, ToolCall, Usage
-from .rebuild import RunNotFound, RunRef, iter_runs, list_runs, reconstruct, reconstruct_tree
+from .rebuild import iter_runs, reconstruct, reconstruct_tree
+from .refs import AmbiguousRunError, RunNotFound
 from .replay import (
     ModelResult,
     RecordedToolError,
@@ -23,6 +24,7 @@ from .replay import (
 )
 
 __all__ = [
+    "AmbiguousRunError",
     "Cassette",
     "DatasetResult",
     "Message",
@@ -35,7 +37,6 @@ __all__ = [
     "Run",
     "RunDiff",
     "RunNotFound",
-    "RunRef",
     "RunTree",
     "Step",
     "ToolCall",
@@ -45,7 +46,6 @@ __all__ = [
     "example",
     "export_dataset",
     "iter_runs",
-    "list_runs",
     "reconstruct",
     "reconstruct_tree",
     "recorded_failure",

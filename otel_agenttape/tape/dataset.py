@@ -18,7 +18,7 @@ from .. import semconv as sc
 from .content import dump_json, openai_tools
 from .load import Reader
 from .model import Message, Run
-from .rebuild import iter_runs, list_runs
+from .rebuild import iter_runs
 
 
 @dataclass
@@ -90,7 +90,10 @@ def parse_since(text: str) -> int:
 
 def select_runs(reader: Reader, *, agent: str | None = None, model: str | None = None,
                 since_ns: int | None = None) -> Iterable[Run]:
-    for run in iter_runs(reader, list_runs(reader, agent=agent, since_ns=since_ns)):
+    from .read.listing import Filters, all_matching
+
+    picked = all_matching(reader, Filters(agent=agent, model=model, since=since_ns), oldest_first=True)
+    for run in iter_runs(reader, [r.ref for r in picked]):
         if model and model not in run.models:
             continue
         if agent and run.agent != agent:

@@ -29,7 +29,7 @@ class Reader(Protocol):
 SPAN_COLUMNS = (
     "trace_id, span_id, parent_span_id, name, kind, start_time_unix_nano, end_time_unix_nano, "
     "status_code, status_message, CAST(attributes AS VARCHAR) AS attributes, run_id, parent_run_id, "
-    "node_type, operation_name, agent_name, service_name, dropped_events_count"
+    "node_type, operation_name, agent_name, service_name, dropped_events_count, scope_name"
 )
 
 
@@ -56,6 +56,8 @@ class SpanRow:
     links: list[tuple[str, str]] = field(default_factory=list)
     logs: list[dict[str, Any]] = field(default_factory=list)
     role: str | None = None  # run | model | tool | other, set once by ``foreign.classify``
+    scope_name: str | None = None
+    is_root: bool = False  # no parent span in its trace (set when its trace is partitioned)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -350,6 +352,7 @@ def load_traces(reader: Reader, windows: Windows, into: TraceSet | None = None, 
             agent_name=r["agent_name"],
             service_name=r["service_name"],
             dropped_events=int(r["dropped_events_count"] or 0),
+            scope_name=r["scope_name"],
         )
         new[row.key] = row
     events = _rows(

@@ -245,6 +245,7 @@ class Run:
     previous_run_id: str | None = None  # the run this one follows in its session (not a parent)
     service_name: str | None = None
     convention: str = "agenttape"
+    source: str = "agenttape"  # agenttape | otel-genai | openinference | openllmetry | openai-agents | ...
     input: list[Message] = field(default_factory=list)
     output: str = ""
     output_messages: list[Message] = field(default_factory=list)
@@ -270,10 +271,17 @@ class Run:
     def duration_ms(self) -> float:
         return max(0, self.end_ns - self.start_ns) / 1e6
 
+    @property
+    def ref(self) -> str:
+        """``RUN_ID@TRACE_ID``: a run id is unique only together with its trace."""
+        return f"{self.run_id}@{self.trace_id}"
+
     def to_json(self, children: bool = True) -> dict[str, Any]:
         """The `agenttape replay --json` contract (see docs/replay.md)."""
         out: dict[str, Any] = {
             "run_id": self.run_id,
+            "ref": self.ref,
+            "source": self.source,
             "status": self.status,
             "agent": self.agent,
             "input": [m.to_json() for m in self.input],

@@ -1,14 +1,14 @@
 """Rebuild runs and run trees from stored spans, with no model call.
 
-A run is identified by its ``agenttape.run.id``. A trace with no agenttape run span (spans from
-another instrumentation) is a run keyed by its trace id; a nested foreign agent span inside it is
-a run keyed by its span id. Within a trace, spans belong to the nearest enclosing run span; child
-runs in other traces are found by ``agenttape.parent_run.id`` or by span links.
+A run is identified by its key and its trace (the ref ``KEY@TRACE_ID``): an ``agenttape.run.id``; the
+span id of another instrumentation's run span; or, for a trace with no run span, the trace id. The
+``runs`` view (store/runs_view.py) lists the same runs by the same rules. Within a trace, spans belong
+to the nearest enclosing run span; child runs in other traces are found by ``agenttape.parent_run.id``
+or by span links.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,28 +20,19 @@ from .load import (
     SpanRow,
     TraceSet,
     Windows,
-    _rows,
     child_traces,
     load_logs,
     load_traces,
-    run_traces,
-    span_traces,
-    trace_windows,
 )
-from .model import Message, Node, Run, RunTree, Step, ToolCall, Usage
+from .model import Message, Node, Run, RunTree, Usage
+from .refs import AmbiguousRunError, Resolved, RunNotFound, resolve, split_ref
+from .stream import build_steps, tool_calls
 
-_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
-_SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
 MAX_TREE_DEPTH = 64
 STATUS_INCOMPLETE = "incomplete"
+Key = tuple[str, str]  # (run key, trace id)
 
-
-class RunNotFound(LookupError):
-    """No run with this id in the store."""
-
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"run not found: {run_id}")
-        self.run_id = run_id
+__all__ = ["AmbiguousRunError", "RunNotFound", "build_steps", "reconstruct", "reconstruct_tree"]
 
 
 @dataclass
@@ -52,7 +43,7 @@ class _RunParts:
     node_spans: list[SpanRow] = field(default_factory=list)
     all_spans: list[SpanRow] = field(default_factory=list)
     implicit_root: SpanRow | None = None
-    parent_key: str | None = None  # enclosing run within the same trace
+    parent_key: Key | None = None  # enclosing run within the same trace
 
 
 class _Index:
@@ -60,8 +51,8 @@ class _Index:
 
     def __init__(self, ts: TraceSet) -> None:
         self.ts = ts
-        self.runs: dict[str, _RunParts] = {}
-        self.owner: dict[tuple[str, str], str] = {}
+        self.runs: dict[Key, _RunParts] = {}
+        self.owner: dict[tuple[str, str], Key] = {}
         by_trace: dict[str, dict[str, SpanRow]] = {}
         for span in ts.spans.values():
             by_trace.setdefault(span.trace_id, {})[span.span_id] = span
@@ -69,6 +60,10 @@ class _Index:
             self._partition(trace_id, by_trace[trace_id])
 
     def _partition(self, trace_id: str, spans: dict[str, SpanRow]) -> None:
+        for s in spans.values():
+            root = not s.parent_span_id or s.parent_span_id not in spans
+            if root != s.is_root:
+                s.is_root, s.role = root, None  # a CHAIN/workflow is a run only at the root
         kinds = {sid: foreign.classify(s) for sid, s in spans.items()}
         memo: dict[str, str | None] = {}
 
@@ -90,32 +85,26 @@ class _Index:
             memo[sid] = found
             return found
 
-        run_key: dict[str, str] = {}
+        run_key: dict[str, Key] = {}
         ordered = sorted(spans.values(), key=lambda s: (s.start_ns, s.span_id))
         for s in ordered:
             if kinds[s.span_id] != foreign.RUN:
                 continue
             rid = s.run_id or s.attrs.get(sc.RUN_ID)
-            if rid:
-                key = str(rid)
-            elif nearest_run(s.span_id, include_self=False) is None:
-                key = trace_id
-            else:
-                key = s.span_id
-            run_key[s.span_id] = key
+            run_key[s.span_id] = (str(rid) if rid else s.span_id, trace_id)
         roots = [s for s in ordered if not s.parent_span_id or s.parent_span_id not in spans]
         for s in ordered:
             rsid = nearest_run(s.span_id, include_self=True)
             if rsid is not None:
                 key = run_key[rsid]
             elif s.run_id:
-                key = s.run_id
+                key = (s.run_id, trace_id)
             else:
-                key = trace_id
+                key = (trace_id, trace_id)
             parts = self.runs.get(key)
             if parts is None:
-                parts = self.runs[key] = _RunParts(key=key, trace_id=trace_id)
-                if key == trace_id and rsid is None:
+                parts = self.runs[key] = _RunParts(key=key[0], trace_id=trace_id)
+                if key[0] == trace_id and rsid is None:
                     parts.implicit_root = roots[0] if roots else s
             self.owner[s.key] = key
             parts.all_spans.append(s)
@@ -131,10 +120,27 @@ class _Index:
             elif kinds[s.span_id] in (foreign.MODEL, foreign.TOOL):
                 parts.node_spans.append(s)
 
-    def child_keys(self, key: str) -> list[str]:
+    def root_of(self, trace_id: str) -> Key | None:
+        """The run a trace id names: its first top-level run span, else the trace's own run."""
+        tops = [p for k, p in self.runs.items() if k[1] == trace_id and p.run_spans and p.parent_key is None]
+        if tops:
+            first = min(tops, key=lambda p: (min(s.start_ns for s in p.run_spans), p.key))
+            return (first.key, trace_id)
+        if (trace_id, trace_id) in self.runs:
+            return (trace_id, trace_id)
+        rest = [k for k in self.runs if k[1] == trace_id]
+        return min(rest, key=lambda k: min(s.start_ns for s in self.runs[k].all_spans)) if rest else None
+
+    def find(self, target: Resolved) -> Key:
+        key = (target.key, target.trace_id) if target.key is not None else self.root_of(target.trace_id)
+        if key is None or key not in self.runs:
+            raise RunNotFound(target.ref if target.key else target.trace_id)
+        return key
+
+    def child_keys(self, key: Key) -> list[Key]:
         """Runs started by this one: nested in its spans, naming it as parent run, or linking to it."""
         my_spans = {s.key for s in self.runs[key].all_spans}
-        out: list[str] = []
+        out: list[Key] = []
         for other_key, other in self.runs.items():
             if other_key == key:
                 continue
@@ -143,13 +149,13 @@ class _Index:
                 continue
             enclosing = self.runs.get(other.parent_key) if other.parent_key else None
             if not other.run_spans:  # its run span never arrived (the process died): its nodes name the parent
-                if enclosing is None and any(s.attrs.get(sc.PARENT_RUN_ID) == key for s in other.node_spans):
+                if enclosing is None and any(s.attrs.get(sc.PARENT_RUN_ID) == key[0] for s in other.node_spans):
                     out.append(other_key)
                 continue
             if enclosing is not None and enclosing.run_spans:
                 continue  # nested in another run span: that run is its parent
             first = other.run_spans[0]
-            if (first.parent_run_id or first.attrs.get(sc.PARENT_RUN_ID)) == key:
+            if (first.parent_run_id or first.attrs.get(sc.PARENT_RUN_ID)) == key[0]:
                 out.append(other_key)
             elif first.attrs.get(sc.PREVIOUS_RUN_ID):
                 continue  # a later turn of a session links to the run it follows: not a child
@@ -158,29 +164,13 @@ class _Index:
         return out
 
 
-def _resolve_traces(reader: Reader, run_id: str) -> Windows:
-    windows = run_traces(reader, run_id)
-    if windows:
-        return windows
-    if _TRACE_ID.match(run_id):
-        windows = trace_windows(reader, [run_id])
-        if windows:
-            return windows
-    if _SPAN_ID.match(run_id):
-        return span_traces(reader, run_id)
-    return {}
+def reconstruct(reader: Reader, ref: str) -> Run:
+    """Rebuild one run (prompt, output, tool calls, usage, status, steps) from the store.
 
-
-def reconstruct(reader: Reader, run_id: str) -> Run:
-    """Rebuild one run (prompt, output, tool calls, usage, status, steps) from the store."""
-    traces = _resolve_traces(reader, run_id)
-    if not traces:
-        raise RunNotFound(run_id)
-    ts = _load(reader, traces, links=False)
-    index = _Index(ts)
-    if run_id not in index.runs:
-        raise RunNotFound(run_id)
-    return build_run(index.runs[run_id])
+    ``ref`` is ``RUN_ID@TRACE_ID``, a trace id (its root run) or a bare run id naming one run."""
+    target = resolve(reader, ref)
+    index = _Index(_load(reader, target.windows, links=False))
+    return build_run(index.runs[index.find(target)])
 
 
 def _load(reader: Reader, windows: Windows, ts: TraceSet | None = None, *, links: bool = True) -> TraceSet:
@@ -193,18 +183,17 @@ def _load(reader: Reader, windows: Windows, ts: TraceSet | None = None, *, links
     return ts
 
 
-def reconstruct_tree(reader: Reader, root_run_id: str) -> RunTree:
+def reconstruct_tree(reader: Reader, ref: str) -> RunTree:
     """Rebuild a run and every run it started, in this trace or others, ordered by start."""
-    traces = _resolve_traces(reader, root_run_id)
-    if not traces:
-        raise RunNotFound(root_run_id)
+    target = resolve(reader, ref)
+    traces = target.windows
     ts = _load(reader, traces)
     asked_runs: set[str] = set()
     asked_traces: set[str] = set()
     since = min(lo for lo, _ in (w for w in traces.values() if w is not None)) if traces else None
     for _ in range(MAX_TREE_DEPTH):
         index = _Index(ts)
-        run_ids = sorted(k for k in index.runs if k not in asked_runs)
+        run_ids = sorted({k[0] for k in index.runs} - asked_runs)
         trace_ids = sorted(ts.trace_ids - asked_traces)
         asked_runs.update(run_ids)
         asked_traces.update(trace_ids)
@@ -214,11 +203,10 @@ def reconstruct_tree(reader: Reader, root_run_id: str) -> RunTree:
             break
         _load(reader, new, ts)
     index = _Index(ts)
-    if root_run_id not in index.runs:
-        raise RunNotFound(root_run_id)
-    built: dict[str, Run] = {}
+    root_key = index.find(target)
+    built: dict[Key, Run] = {}
 
-    def build(key: str, depth: int, seen: set[str]) -> Run:
+    def build(key: Key, depth: int, seen: set[Key]) -> Run:
         run = built.get(key) or build_run(index.runs[key])
         built[key] = run
         if depth < MAX_TREE_DEPTH:
@@ -228,7 +216,7 @@ def reconstruct_tree(reader: Reader, root_run_id: str) -> RunTree:
             )
         return run
 
-    return RunTree(root=build(root_run_id, 0, {root_run_id}))
+    return RunTree(root=build(root_key, 0, {root_key}))
 
 
 # --- building one run ---------------------------------------------------------------------------
@@ -306,13 +294,23 @@ def build_run(parts: _RunParts) -> Run:
         output = "".join(m.text for m in outputs)
     else:
         output = "".join(n.output_text for n in models)
+    source = foreign.source(run_spans[0]) if run_spans else (
+        foreign.source(min(parts.node_spans, key=lambda s: (s.start_ns, s.span_id))) if parts.node_spans
+        else sc.SOURCE_AGENTTAPE)
+    if agent is None and run_spans and source != sc.SOURCE_AGENTTAPE:
+        agent = run_spans[0].name  # another instrumentation's run span without an agent name: its span name
     if agent is None:
         for s in spans:
+            if s in run_spans:
+                continue
             agent = s.attrs.get(sc.GEN_AI_AGENT_NAME) or s.attrs.get(foreign.OI_AGENT_NAME)
             if agent:
                 break
     if agent is None and root is not None and not run_spans:
         agent = root.service_name or root.name
+    session = next((x for x in (foreign.session_of(s) for s in run_spans[:1]) if x), None) or next(
+        (x for x in (foreign.session_of(s) for s in sorted(spans, key=lambda s: (s.start_ns, s.span_id))) if x),
+        None)
 
     status, message = _status(run_spans, root, nodes)
     usage = Usage()
@@ -339,17 +337,17 @@ def build_run(parts: _RunParts) -> Run:
         status_message=message,
         start_ns=start,
         end_ns=end,
-        session_id=(attrs.get(sc.SESSION_ID) or attrs.get(sc.GEN_AI_CONVERSATION_ID) or attrs.get(foreign.OI_SESSION_ID)
-                    or _from_nodes(parts, sc.SESSION_ID, run_spans)),
+        session_id=session,
         parent_run_id=((first.parent_run_id or attrs.get(sc.PARENT_RUN_ID)) if first is not None else None)
-        or _from_nodes(parts, sc.PARENT_RUN_ID, run_spans),
+        or _from_nodes(parts, sc.PARENT_RUN_ID, run_spans) or (parts.parent_key[0] if parts.parent_key else None),
+        source=source,
         previous_run_id=attrs.get(sc.PREVIOUS_RUN_ID),
         service_name=first.service_name if first is not None else None,
         convention=foreign.convention(first) if first is not None else "genai",
         input=inputs,
         output=output,
         output_messages=outputs,
-        tools=_tool_calls(nodes),
+        tools=tool_calls(nodes),
         tool_definitions=list(tool_defs.values()),
         usage=usage,
         models=list(dict.fromkeys(n.model for n in models if n.model)),
@@ -361,181 +359,27 @@ def build_run(parts: _RunParts) -> Run:
     return run
 
 
-def _tool_calls(nodes: list[Node]) -> list[ToolCall]:
-    """Executed tools (tool spans) plus calls the model asked for that have no tool span."""
-    calls: list[ToolCall] = []
-    by_id: dict[str, ToolCall] = {}
-    responses: dict[str, object] = {}
-    for n in nodes:
-        if n.node_type == "model":
-            for m in n.input_messages:
-                for r in m.tool_responses:
-                    if r.get("id"):
-                        responses[str(r["id"])] = r.get("response")
-    for n in nodes:
-        if n.node_type == "model":
-            for c in n.requested_tool_calls:
-                cid = c.get("id")
-                call = ToolCall(name=c.get("name"), arguments=c.get("arguments"), call_id=cid)
-                if cid and str(cid) in responses:
-                    call.result = responses[str(cid)]
-                    call.answered = True
-                calls.append(call)
-                if cid:
-                    by_id[str(cid)] = call
-        elif n.node_type == "tool":
-            call = by_id.get(str(n.tool_call_id)) if n.tool_call_id else None
-            if call is None:
-                # a tool span without a call id answers the oldest open request of that tool
-                call = next((c for c in calls if not c.executed and c.name == n.tool_name), None)
-            if call is None:
-                call = ToolCall(name=n.tool_name, call_id=n.tool_call_id)
-                calls.append(call)
-            call.name = n.tool_name or call.name
-            if n.arguments is not None:
-                call.arguments = n.arguments
-            call.result = n.result if n.result is not None else call.result
-            call.error = n.tool_error
-            call.span_id = n.span_id
-            call.executed = True
-    return calls
+# --- many runs ---------------------------------------------------------------------------------
 
 
-def build_steps(run: Run) -> list[Step]:
-    """The ordered step stream: input, model and tool steps with their segments, terminal."""
-    steps: list[Step] = []
-
-    def add(kind: str, time_ns: int, span_id: str | None, **payload: object) -> None:
-        steps.append(Step(index=len(steps), kind=kind, time_ns=time_ns, span_id=span_id, payload=payload))
-
-    add("input", run.start_ns, run.span_id, messages=[m.to_json() for m in run.input])
-    for n in run.nodes:
-        if n.node_type == "model":
-            add("model-start", n.start_ns, n.span_id, model=n.model, node_id=n.node_id, step=n.step)
-            had_text = False
-            for e in n.events:
-                name = e.get("name")
-                if name == sc.EVENT_TEXT:
-                    had_text = True
-                    add("text", e["time_ns"], n.span_id, text=e.get(sc.EVENT_SEGMENT, e.get("text", "")))
-                elif name == sc.EVENT_REASONING:
-                    add("reasoning", e["time_ns"], n.span_id, text=e.get(sc.EVENT_SEGMENT, ""))
-                elif name == sc.EVENT_RETRY:
-                    add("retry", e["time_ns"], n.span_id, reason=e.get(sc.EVENT_REASON))
-                elif name == sc.EVENT_METADATA:
-                    add("metadata", e["time_ns"], n.span_id,
-                        data={k: v for k, v in e.items() if k not in ("name", "time_ns")})
-            if not had_text and n.output_text:
-                add("text", n.end_ns, n.span_id, text=n.output_text)
-            for c in n.requested_tool_calls:
-                add("tool-call", n.end_ns, n.span_id, name=c.get("name"), arguments=c.get("arguments"),
-                    id=c.get("id"))
-            add("model-end", n.end_ns, n.span_id, usage=n.usage.to_json(), finish_reasons=n.finish_reasons,
-                status=n.status)
-        elif n.node_type == "tool":
-            add("tool-start", n.start_ns, n.span_id, name=n.tool_name, arguments=n.arguments, id=n.tool_call_id)
-            add("tool-result", n.end_ns, n.span_id, name=n.tool_name, result=n.result, error=n.tool_error,
-                id=n.tool_call_id)
-    add("terminal", run.end_ns, run.span_id, status=run.status, message=run.status_message)
-    return steps
+def run_span_keys(reader: Reader, ref: str) -> list[tuple[str, str]]:
+    """(trace id, span id) of the spans one run owns (its run spans, nodes and the spans between)."""
+    target = resolve(reader, ref)
+    index = _Index(_load(reader, target.windows, links=False))
+    parts = index.runs[index.find(target)]
+    return sorted({s.key for s in parts.all_spans})
 
 
-# --- many runs ----------------------------------------------------------------------------------
+def iter_runs(reader: Reader, refs: Sequence[str], batch_traces: int = 200) -> Iterator[Run]:
+    """Rebuild many runs (``RUN_ID@TRACE_ID`` refs, as ``runs`` lists them), loading traces in batches."""
+    from .load import trace_windows
 
-
-@dataclass(frozen=True)
-class RunRef:
-    run_id: str
-    windows: tuple[tuple[str, int, int], ...]  # (trace_id, first start, last end)
-    start_ns: int
-
-    @property
-    def trace_ids(self) -> tuple[str, ...]:
-        return tuple(w[0] for w in self.windows)
-
-
-def list_runs(reader: Reader, *, agent: str | None = None, since_ns: int | None = None,
-              include_foreign: bool = True, limit: int | None = None) -> list[RunRef]:
-    """Agenttape runs, plus traces of other instrumentations (runs keyed by trace id), by start.
-
-    A run is listed by any span that carries its run id, so a run whose process died before its run
-    span ended (status ``incomplete``) is listed too."""
-    # Windows cover every span of a run; the filters pick whole runs (by the agent of any of its
-    # spans, by the start of the run), so a run is never cut to the spans that match.
-    picks: list[str] = []
-    params: list[object] = []
-    if agent:
-        picks.append("bool_or(agent_name = ?)")
-        params.append(agent)
-    if since_ns is not None:
-        picks.append("min(start_time_unix_nano) >= ?")
-        params.append(since_ns)
-    pick = (f"WHERE run_id IN (SELECT run_id FROM spans WHERE run_id IS NOT NULL GROUP BY run_id "
-            f"HAVING {' AND '.join(picks)})") if picks else "WHERE run_id IS NOT NULL"
-    rows = _rows(
-        reader,
-        "SELECT run_id, trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM spans "
-        f"{pick} GROUP BY run_id, trace_id",
-        params,
-    )
-    grouped: dict[str, list[tuple[str, int, int]]] = {}
-    for r in rows:
-        grouped.setdefault(r["run_id"], []).append((r["trace_id"], int(r["lo"]), int(r["hi"])))
-    out = [RunRef(rid, tuple(sorted(ws)), min(w[1] for w in ws)) for rid, ws in grouped.items()]
-    if include_foreign:
-        ops = ", ".join(f"'{op}'" for op in sorted(sc.MODEL_OPERATIONS | {sc.OP_INVOKE_AGENT}))
-        having = ""
-        fparams: list[object] = []
-        if since_ns is not None:
-            having = " AND min(start_time_unix_nano) >= ?"
-            fparams.append(since_ns)
-        attrs = "CAST(attributes AS VARCHAR)"
-        frows = _rows(
-            reader,
-            "WITH bare AS (SELECT trace_id FROM spans GROUP BY trace_id HAVING count(run_id) = 0) "
-            "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi "
-            "FROM spans SEMI JOIN bare USING (trace_id) GROUP BY trace_id "
-            f"HAVING bool_or(operation_name IN ({ops}) "
-            f"OR contains({attrs}, '\"openinference.span.kind\"') "
-            f"OR contains({attrs}, '\"gen_ai.prompt.0.') "
-            f"OR contains({attrs}, '\"llm.request.type\"')){having}",
-            fparams,
-        )
-        foreign_refs = [RunRef(r["trace_id"], ((r["trace_id"], int(r["lo"]), int(r["hi"])),), int(r["lo"]))
-                        for r in frows]
-        if agent:
-            foreign_refs = [r for r in foreign_refs if _foreign_agent(reader, r) == agent]
-        out += foreign_refs
-    out.sort(key=lambda r: (r.start_ns, r.run_id))
-    if limit is not None:
-        out = out[-limit:]
-    return out
-
-
-def _foreign_agent(reader: Reader, ref: RunRef) -> str | None:
-    rows = _rows(reader, "SELECT agent_name FROM spans WHERE trace_id = ? AND agent_name IS NOT NULL LIMIT 1",
-                 [ref.trace_ids[0]])
-    return rows[0]["agent_name"] if rows else None
-
-
-def iter_runs(reader: Reader, refs: list[RunRef], batch_traces: int = 200) -> Iterator[Run]:
-    """Rebuild many runs, loading their traces in batches rather than one run at a time."""
-    batch: list[RunRef] = []
-    traces: Windows = {}
-
-    def flush() -> Iterator[Run]:
-        index = _Index(_load(reader, traces, links=False))
-        for ref in batch:
-            if ref.run_id in index.runs:
-                yield build_run(index.runs[ref.run_id])
-
-    for ref in refs:
-        batch.append(ref)
-        for trace_id, lo, hi in ref.windows:
-            old = traces.get(trace_id)
-            traces[trace_id] = (min(lo, old[0]), max(hi, old[1])) if old else (lo, hi)
-        if len(traces) >= batch_traces:
-            yield from flush()
-            batch, traces = [], {}
-    if batch:
-        yield from flush()
+    wanted = [split_ref(r) for r in refs]
+    for lo in range(0, len(wanted), batch_traces):
+        batch = wanted[lo: lo + batch_traces]
+        traces = sorted({t for _, t in batch if t})
+        index = _Index(_load(reader, trace_windows(reader, traces), links=False))
+        for key, trace in batch:
+            parts = index.runs.get((key, trace or key))
+            if parts is not None:
+                yield build_run(parts)

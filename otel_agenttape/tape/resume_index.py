@@ -27,23 +27,28 @@ def _rows(table: Any) -> list[dict[str, Any]]:
     return [dict(zip(cols, vals)) for vals in zip(*data)]
 
 
-def build_resume_index(reader: Any, run_id: str, *, tape: str | None = None, **kwargs: Any) -> ResumeIndex:
+def build_resume_index(reader: Any, run_id: str, *, tape: str | None = None, trace_id: str | None = None,
+                       **kwargs: Any) -> ResumeIndex:
     """The resume index of one run, from ``reader.query(sql, params) -> pyarrow.Table``.
 
+    Every trace of the run id counts (a resumed run goes on in a new trace) unless ``trace_id`` picks one.
     ``tape`` defaults to the run id; ``kwargs`` go to ``ResumeIndex`` (``journal=`` to continue
     into a local journal, ``replay_only=``).
     """
+    nodes, params = _NODES, [run_id]
+    if trace_id is not None:
+        nodes, params = f"{_NODES} AND trace_id = ?", [run_id, trace_id]
     spans = _rows(reader.query(
         "SELECT trace_id, span_id, status_code, CAST(attributes AS VARCHAR) AS attributes, "
-        f"start_time_unix_nano FROM spans WHERE {_NODES} ORDER BY start_time_unix_nano, span_id",
-        [run_id]))
+        f"start_time_unix_nano FROM spans WHERE {nodes} ORDER BY start_time_unix_nano, span_id",
+        params))
     events: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     if spans:
         ev_rows = _rows(reader.query(
             "SELECT e.trace_id, e.span_id, e.name, CAST(e.attributes AS VARCHAR) AS attributes "
             "FROM span_events e SEMI JOIN (SELECT trace_id, span_id FROM spans "
-            f"WHERE {_NODES}) s ON e.trace_id = s.trace_id AND e.span_id = s.span_id "
-            "WHERE e.name = ? ORDER BY e.trace_id, e.span_id, e.event_index", [run_id, EVENT_TEXT]))
+            f"WHERE {nodes}) s ON e.trace_id = s.trace_id AND e.span_id = s.span_id "
+            "WHERE e.name = ? ORDER BY e.trace_id, e.span_id, e.event_index", [*params, EVENT_TEXT]))
         for ev in ev_rows:
             events[(ev["trace_id"], ev["span_id"])].append((ev["name"], anyvalue.attrs_to_python(ev["attributes"])))
     index = ResumeIndex(tape or run_id, **kwargs)

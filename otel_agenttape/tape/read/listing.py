@@ -1,0 +1,135 @@
+"""Every SQL string that reads runs: the filters of ``runs()``, one run by ref, a session's turns.
+
+They all read the ``runs`` view (store/runs_view.py), the one definition of a run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..dataset import parse_since
+from ..load import Reader, _rows
+from .summary import Page, RunSummary, decode_cursor, encode_cursor
+
+RUN_COLUMNS = (
+    "run_id, trace_id, span_id, agent, session_id, parent_run_id, status, start_time_unix_nano, "
+    "end_time_unix_nano, duration_ms, model_nodes, tool_nodes, tool_errors, input_tokens, output_tokens, "
+    "service_name, status_message, ref, source, parent_ref, errors, tape_id, models, tools, incomplete"
+)
+NEWEST_FIRST = "start_time_unix_nano DESC, ref DESC"
+MAX_LIMIT = 10_000
+
+
+def as_ns(value: Any, name: str) -> int | None:
+    """Nanoseconds since the epoch from an int, a datetime/date or an ISO string."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"{name}: not a time: {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dt.datetime):
+        when = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        return int(when.timestamp() * 1_000_000_000)
+    if isinstance(value, dt.date):
+        return as_ns(dt.datetime(value.year, value.month, value.day, tzinfo=dt.timezone.utc), name)
+    try:
+        return parse_since(str(value))
+    except ValueError:
+        raise ValueError(f"{name}: not an ISO date/time or nanoseconds since the epoch: {value!r}") from None
+
+
+@dataclass
+class Filters:
+    """What ``runs()`` selects; every field None selects every run."""
+
+    agent: str | None = None
+    status: str | None = None
+    source: str | None = None
+    session: str | None = None
+    service: str | None = None
+    model: str | None = None
+    tool: str | None = None
+    since: int | None = None
+    until: int | None = None
+    text: str | None = None
+    parent: str | None = None
+
+    def where(self) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column, value in (("agent", self.agent), ("status", self.status), ("source", self.source),
+                              ("session_id", self.session), ("service_name", self.service)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if self.model is not None:
+            clauses.append("list_contains(models, ?)")
+            params.append(self.model)
+        if self.tool is not None:
+            clauses.append("list_contains(tools, ?)")
+            params.append(self.tool)
+        if self.since is not None:
+            clauses.append("start_time_unix_nano >= ?")
+            params.append(self.since)
+        if self.until is not None:
+            clauses.append("start_time_unix_nano < ?")
+            params.append(self.until)
+        if self.parent is not None:
+            clauses.append("(parent_ref = ? OR parent_run_id = ?)")
+            params += [self.parent, self.parent]
+        if self.text:
+            # in the run's names, or anywhere in its trace's attributes (prompts, outputs, tool arguments)
+            clauses.append(
+                "(contains(lower(concat_ws(' ', ref, agent, session_id, status_message, service_name)), lower(?)) "
+                "OR trace_id IN (SELECT trace_id FROM spans "
+                "WHERE contains(lower(CAST(attributes AS VARCHAR)), lower(?))))")
+            params += [self.text, self.text]
+        return (" AND ".join(clauses) or "true"), params
+
+
+def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None = None) -> Page:
+    """One page of runs, newest first, with the count of all matching runs."""
+    limit = int(limit)
+    if not 0 < limit <= MAX_LIMIT:
+        raise ValueError(f"limit: between 1 and {MAX_LIMIT}")
+    where, params = filters.where()
+    after, after_params = "true", []
+    if cursor:
+        start, ref = decode_cursor(cursor)
+        after = "(start_time_unix_nano < ? OR (start_time_unix_nano = ? AND ref < ?))"
+        after_params = [start, start, ref]
+    rows = _rows(reader, (
+        f"WITH m AS MATERIALIZED (SELECT {RUN_COLUMNS} FROM runs WHERE {where}) "
+        f"SELECT *, (SELECT count(*) FROM m) AS total_matching FROM m WHERE {after} "
+        f"ORDER BY {NEWEST_FIRST} LIMIT ?"), [*params, *after_params, limit + 1])
+    if rows:
+        total = int(rows[0]["total_matching"])
+    else:
+        total = int(_rows(reader, f"SELECT count(*) AS n FROM runs WHERE {where}", params)[0]["n"])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    runs = [RunSummary.from_row(r) for r in rows]
+    nxt = encode_cursor(runs[-1].start_ns, runs[-1].ref) if more and runs else None
+    return Page(runs=runs, total=total, next_cursor=nxt)
+
+
+def by_refs(reader: Reader, refs: Sequence[str]) -> dict[str, RunSummary]:
+    if not refs:
+        return {}
+    marks = ", ".join("?" for _ in refs)
+    traces = sorted({r.rpartition("@")[2] for r in refs})
+    tmarks = ", ".join("?" for _ in traces)
+    rows = _rows(reader, f"SELECT {RUN_COLUMNS} FROM runs WHERE trace_id IN ({tmarks}) AND ref IN ({marks})",
+                 [*traces, *refs])
+    return {r["ref"]: RunSummary.from_row(r) for r in rows}
+
+
+def all_matching(reader: Reader, filters: Filters, oldest_first: bool = False) -> list[RunSummary]:
+    where, params = filters.where()
+    order = "start_time_unix_nano, ref" if oldest_first else NEWEST_FIRST
+    return [RunSummary.from_row(r) for r in _rows(
+        reader, f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY {order}", params)]
