@@ -38,6 +38,9 @@ def test_langgraph_run_is_a_sealed_tape_with_the_subgraph_as_child(tmp_path, cap
         assert runs["trip_graph"]["run_id"] == "graph-1"
         assert {r["session_id"] for r in runs.values()} == {"sess-g"}
         assert {r["status"] for r in runs.values()} == {"completed"}
+        assert {r["source"] for r in runs.values()} == {"agenttape"}
+        assert runs["weather_agent"]["parent_ref"] == runs["trip_graph"]["ref"]
+        assert runs["weather_agent"]["tools"] == ["get_weather"]
 
         doc = cli_json(capsys, "replay", "graph-1", "--tree", "--db", srv.db)
         assert doc["input"] == [{"role": "user", "content": "Weather in Lyon?"}]

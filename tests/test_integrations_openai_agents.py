@@ -66,7 +66,12 @@ def test_agents_sdk_run_is_a_sealed_tape_with_child_runs(tmp_path, capsys, sdk_t
         assert runs["planner"]["run_id"] == "trip-1"
         assert {r["session_id"] for r in runs.values()} == {"sess-lyon"}
         assert {r["status"] for r in runs.values()} == {"completed"}
-        assert (runs["planner"]["model_nodes"], runs["planner"]["tool_nodes"]) == (2, 3)
+        assert (runs["planner"]["model_calls"], runs["planner"]["tool_calls"]) == (2, 3)
+        assert {r["source"] for r in runs.values()} == {"agenttape"}  # our sealed spans, from the SDK's
+        assert runs["researcher"]["parent_ref"] == runs["booker"]["parent_ref"] == runs["planner"]["ref"]
+        code, out = cli(capsys, "sql", "SELECT DISTINCT attributes['agenttape.framework'] AS f FROM spans "
+                                       "WHERE node_type = 'run'", "--json", "--db", srv.db)
+        assert code == 0 and [r["f"] for r in json.loads(out)] == ['"openai-agents"']
 
         doc = cli_json(capsys, "replay", "trip-1", "--tree", "--db", srv.db)
         assert doc["agent"] == "planner" and doc["status"] == "completed"
