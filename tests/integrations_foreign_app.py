@@ -16,7 +16,7 @@ import os
 import sys
 import warnings
 
-os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "0")
+os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"  # until the program replaces the SDK's uploader
 os.environ["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "true"
 os.environ["TRACELOOP_TRACE_CONTENT"] = "true"
 
@@ -37,10 +37,12 @@ def provider(receiver: str, name: str):
 
 def agents_program(kind: str, receiver: str, base_url: str) -> str:
     tp = provider(receiver, f"weather-{kind}")
-    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_trace_processors, trace
+    from agents import (Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_trace_processors,
+                        set_tracing_disabled, trace)
     from openai import AsyncOpenAI
 
     set_trace_processors([])  # the SDK's own uploader never runs; the instrumentation adds its processor
+    set_tracing_disabled(False)
     if kind == "oi-agents":
         from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
 

@@ -64,7 +64,7 @@ def test_agents_sdk_instrumentations_rebuild_the_run(receiver, kind, capsys):
     assert ("system", "You are terse.") in [(m["role"], m["content"]) for m in run["input"]]
     assert run["output"] == "It is 57F in Paris."
     assert _tools(doc) == [WEATHER]
-    assert run["usage"] == {"input_tokens": 23, "output_tokens": 10}
+    assert (run["usage"]["input_tokens"], run["usage"]["output_tokens"]) == (23, 10)
 
 
 @pytest.mark.parametrize("kind", ["oi-langchain", "otel-langchain"])
