@@ -32,6 +32,7 @@ from otel_agenttape import semconv as sc
 from otel_agenttape.capture.api import current_run
 from otel_agenttape.capture.events import AgentEvent, EventType
 
+from ._agents_content import chat_messages, dump, error_text, split_system, text_of, tool_calls
 from ._common import Attached, guarded, iso_ns, parse_json
 
 try:
@@ -71,61 +72,6 @@ class _Open:
     scope: Attached | None = None
     call: dict[str, Any] | None = None
     pair: str | None = None
-
-
-def _tool_calls(messages: Any) -> list[dict[str, Any]]:
-    """Chat-format tool calls ({id, type, function: {name, arguments}}) in assistant messages."""
-    out: list[dict[str, Any]] = []
-    for m in messages or []:
-        if isinstance(m, dict) and m.get("role") == "assistant":
-            out += [tc for tc in m.get("tool_calls") or [] if isinstance(tc, dict)]
-    return out
-
-
-def _text(messages: Any) -> str:
-    parts: list[str] = []
-    for m in messages or []:
-        if not isinstance(m, dict) or m.get("role") != "assistant":
-            continue
-        content = m.get("content")
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts += [c.get("text", "") for c in content if isinstance(c, dict) and isinstance(c.get("text"), str)]
-    return "".join(parts)
-
-
-def _split_system(messages: list[Any]) -> tuple[str | None, list[Any]]:
-    system = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") in ("system", "developer")]
-    rest = [m for m in messages if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))]
-    text = "\n".join(s for s in system if isinstance(s, str))
-    return (text or None), rest
-
-
-def _dump(obj: Any) -> Any:
-    dump = getattr(obj, "model_dump", None)
-    return dump(mode="json", exclude_unset=True) if callable(dump) else obj
-
-
-def _chat_messages(items: Any) -> list[Any]:
-    """Responses-API input/output items as chat messages, with the SDK's own converter."""
-    from agents.models.chatcmpl_converter import Converter
-
-    if items is None:
-        return []
-    if isinstance(items, str):
-        return [{"role": "user", "content": items}]
-    return [_dump(m) for m in Converter.items_to_messages([_dump(i) for i in items])]
-
-
-def _error_text(error: Any) -> str | None:
-    if not error:
-        return None
-    if isinstance(error, dict):
-        message = error.get("message") or "error"
-        data = error.get("data")
-        return f"{message}: {data}" if data else str(message)
-    return str(error)
 
 
 class AgentTapeProcessor(TracingProcessor):
@@ -277,7 +223,7 @@ class AgentTapeProcessor(TracingProcessor):
         run = opened.run
         if opened.scope is not None:
             opened.scope.release()
-        error = _error_text(span.error)
+        error = error_text(span.error)
         if error is None and run.tripped:
             error = f"GuardrailTripwireTriggered: guardrail {run.tripped} triggered"
         extra = {}
@@ -324,7 +270,7 @@ class AgentTapeProcessor(TracingProcessor):
             return
         run.step += 1
         step = run.step
-        head, rest = _split_system(messages)
+        head, rest = split_system(messages)
         system = system or head
         request: dict[str, Any] = {"model": model, "messages": rest}
         if system:
@@ -332,8 +278,8 @@ class AgentTapeProcessor(TracingProcessor):
         for key, value in (params or {}).items():
             if value is not None and key in ("temperature", "top_p", "max_tokens"):
                 request[key] = value
-        calls = _tool_calls(output)
-        error = _error_text(span.error)
+        calls = tool_calls(output)
+        error = error_text(span.error)
         start, end = iso_ns(span.started_at), iso_ns(span.ended_at)
         self.listener.dispatch(self._event(EventType.MODEL_REQUEST, run, start, step=step, payload=request,
                                            model=model, provider=self.provider),
@@ -351,22 +297,22 @@ class AgentTapeProcessor(TracingProcessor):
 
     def _generation(self, span: Any) -> None:
         data = span.span_data
-        messages = [_dump(m) for m in data.input or []]
-        output = [_dump(m) for m in data.output or []]
-        self._model(span, data.model, messages, None, output, _text(output), data.usage,
+        messages = [dump(m) for m in data.input or []]
+        output = [dump(m) for m in data.output or []]
+        self._model(span, data.model, messages, None, output, text_of(output), data.usage,
                     {"output": output} if output else None, data.model_config)
 
     def _response(self, span: Any) -> None:
         data = span.span_data
         response = data.response
         if response is None:
-            self._model(span, None, _chat_messages(data.input), None, [], "", data.usage, None, None)
+            self._model(span, None, chat_messages(data.input), None, [], "", data.usage, None, None)
             return
-        output = _chat_messages(response.output)
-        usage = _dump(response.usage) if response.usage is not None else data.usage
-        self._model(span, response.model, _chat_messages(data.input), response.instructions
+        output = chat_messages(response.output)
+        usage = dump(response.usage) if response.usage is not None else data.usage
+        self._model(span, response.model, chat_messages(data.input), response.instructions
                     if isinstance(response.instructions, str) else None, output,
-                    response.output_text or _text(output), usage, _dump(response),
+                    response.output_text or text_of(output), usage, dump(response),
                     {"temperature": response.temperature, "top_p": response.top_p,
                      "max_tokens": response.max_output_tokens})
 
@@ -412,7 +358,7 @@ class AgentTapeProcessor(TracingProcessor):
             if opened.call is None or given != claimed:
                 opened.span.set_attribute(sc.GEN_AI_TOOL_CALL_ARGUMENTS, data.input if isinstance(data.input, str)
                                           else str(data.input))
-        error = _error_text(span.error)
+        error = error_text(span.error)
         self.listener.dispatch(self._event(
             EventType.TOOL_RESULT, run, iso_ns(span.ended_at), step=run.step, tool_name=data.name,
             call_id=opened.call.get("id") if opened.call else None, payload=data.output, error=error),
@@ -439,7 +385,7 @@ class AgentTapeProcessor(TracingProcessor):
             call_id=call.get("id") if call else None, payload=arguments,
             attributes={sc.FRAMEWORK_HANDOFF_TO: str(to_agent)} if to_agent else None),
             context=trace.set_span_in_context(enclosing.span), pair=pair)
-        error = _error_text(span.error)
+        error = error_text(span.error)
         self.listener.dispatch(self._event(
             EventType.TOOL_RESULT, run, iso_ns(span.ended_at), step=run.step, tool_name=name,
             call_id=call.get("id") if call else None, payload={"assistant": to_agent}, error=error), pair=pair)
