@@ -233,3 +233,33 @@ def test_responses_api_model_is_recorded_from_its_response_spans(tmp_path, capsy
             ("get_weather", {"city": "Paris"}, {"city": "Paris", "temp": 57}, "call_1")]
         assert doc["models"] == ["gpt-test"]
         assert (doc["usage"]["input_tokens"], doc["usage"]["output_tokens"]) == (20, 10)
+
+
+def test_concurrent_runs_keep_their_own_trees(sdk_tracing):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tape = otel_agenttape.setup(exporter=exporter, seal=False)
+    set_trace_processors([AgentTapeProcessor(tape)])
+
+    async def one(i: int) -> str:
+        planner, _ = trip_agents()
+        with trace(f"trip {i}", group_id=f"sess-{i}", metadata={"agenttape.run.id": f"trip-{i}"}):
+            return (await Runner.run(planner, f"Plan a day in Lyon ({i})")).final_output
+
+    async def both() -> list[str]:
+        return await asyncio.gather(one(1), one(2), one(3))
+
+    assert asyncio.run(both()) == ["Booked Le Bouchon at 12:30."] * 3
+    tape.shutdown()
+    assert tape.stats()["listener_errors"] == 0 and tape.stats()["open_runs"] == 0
+    spans = [s for s in exporter.get_finished_spans() if s.attributes.get("agenttape.node.type")]
+    for i in (1, 2, 3):
+        mine = [s for s in spans if s.attributes.get("agenttape.session.id") == f"sess-{i}"]
+        assert len({s.context.trace_id for s in mine}) == 1  # one trace per run, nothing crossed over
+        runs = {s.attributes["agenttape.run.id"]: s for s in mine if s.attributes["agenttape.node.type"] == "run"}
+        assert len(runs) == 3 and runs[f"trip-{i}"].attributes["gen_ai.agent.name"] == "planner"
+        children = [r for r in runs.values() if r.attributes.get("agenttape.parent_run.id") == f"trip-{i}"]
+        assert sorted(r.attributes["gen_ai.agent.name"] for r in children) == ["booker", "researcher"]
+        tools = [s for s in mine if s.attributes["agenttape.node.type"] == "tool"]
+        assert sorted(s.attributes["gen_ai.tool.call.id"] for s in tools) == ["call_h", "call_r", "call_w"]

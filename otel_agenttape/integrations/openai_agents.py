@@ -92,7 +92,7 @@ class AgentTapeProcessor(TracingProcessor):
         self._lock = threading.RLock()
         self._traces: dict[str, Any] = {}
         self._open: dict[str, _Open] = {}
-        self._parents: dict[str, str | None] = {}
+        self._parents: dict[str, tuple[str | None, str]] = {}  # SDK span id -> (parent id, trace id)
         self._roots: set[str] = set()  # traces whose first run has started
         self._handoffs: dict[str, list[tuple[_AgentRun, str, Any]]] = {}
 
@@ -111,14 +111,16 @@ class AgentTapeProcessor(TracingProcessor):
                 from_run.handing_off = False  # the agent it handed to never started
                 if from_run.deferred is not None:
                     self._finish(from_run)
-            for sid in [s for s, _ in self._parents.items() if s not in self._open]:
+            # spans of this trace that never ended (an SDK span ends before its trace does)
+            for sid in [s for s, (_, t) in self._parents.items() if t == trace_obj.trace_id]:
                 self._parents.pop(sid, None)
+                self._open.pop(sid, None)
 
     @guarded
     def on_span_start(self, span: Any) -> None:
         kind = span.span_data.type
         with self._lock:
-            self._parents[span.span_id] = span.parent_id
+            self._parents[span.span_id] = (span.parent_id, span.trace_id)
             if kind == "agent":
                 self._agent_start(span)
             elif kind == "function":
@@ -163,7 +165,7 @@ class AgentTapeProcessor(TracingProcessor):
             found = self._open.get(cur)
             if found is not None:
                 return found
-            cur = self._parents.get(cur)
+            cur = (self._parents.get(cur) or (None, ""))[0]
         return None
 
     def _run_of(self, span: Any) -> _AgentRun | None:
