@@ -180,3 +180,13 @@ SOURCE_LANGCHAIN = "langchain"
 # (``opentelemetry.instrumentation.openai.v1``) and the attribute OpenLLMetry alone adds
 OPENLLMETRY_SCOPE_SUFFIX = ".v1"
 OPENLLMETRY_API_BASE = "gen_ai.openai.api_base"
+
+# --- framework adapters (otel_agenttape.integrations) --------------------------------------------
+FRAMEWORK = "agenttape.framework"  # on run spans: "openai-agents", "langgraph", "langchain"
+FRAMEWORK_AGENT_TOOLS = "agenttape.agent.tools"  # the tool names an agent had
+FRAMEWORK_AGENT_HANDOFFS = "agenttape.agent.handoffs"  # the agents it could hand off to
+FRAMEWORK_HANDOFF_TO = "agenttape.handoff.to"  # on a handoff's tool span: the agent handed to
+FRAMEWORK_MCP_SERVER = "agenttape.mcp.server"  # on a tool span: the MCP server that ran it
+GRAPH_NODE = "agenttape.graph.node"  # a LangGraph node span: the node's name
+GRAPH_STEP = "agenttape.graph.step"  # and its superstep
+RESUME_REPLAYED = "agenttape.resume.replayed"  # on a tool span: its result came from the resume journal

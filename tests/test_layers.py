@@ -16,7 +16,7 @@ LAYER = {
     "semconv": 0, "anyvalue": 0, "atomicfile": 0, "native": 0, "outboxfile": 0,
     "integrity": 1, "resume": 1,
     "capture": 2, "store": 2,
-    "receiver": 3, "tape": 3, "sessions": 3,
+    "receiver": 3, "tape": 3, "sessions": 3, "integrations": 3,
     "cli": 4, "commands": 4, "console": 4, "demo": 4, "doctor": 4, "__main__": 4, "__init__": 4, "sources": 4,  # the package facade re-exports setup()
 }
 TOP = 4  # the command line: its modules may import one another
@@ -24,7 +24,9 @@ TOP = 4  # the command line: its modules may import one another
 ALLOWED = {("capture", "integrity"), ("capture", "resume"), ("tape", "store"), ("receiver", "store"),
            ("tape", "integrity"), ("tape", "resume")}
 FORBIDDEN_THIRD_PARTY = {"integrity": {"duckdb", "grpc"}, "resume": {"duckdb", "grpc"},
-                         "capture": {"duckdb", "pyarrow"}}
+                         "capture": {"duckdb", "pyarrow"}, "integrations": {"duckdb", "pyarrow", "grpc"}}
+# Lower layers a unit still must not import: framework adapters run in the agent process, beside capture.
+FORBIDDEN_INTERNAL = {"integrations": {"store", "receiver", "tape"}}
 
 
 def _unit(path: Path, pkg: Path = PKG) -> str:
@@ -97,7 +99,7 @@ def layer_problems(pkg: Path = PKG) -> list[str]:
                 if target not in LAYER or target == unit:
                     continue
                 ok = (LAYER[target] < LAYER[unit] or (unit, target) in ALLOWED
-                      or LAYER[unit] == LAYER[target] == TOP)
+                      or LAYER[unit] == LAYER[target] == TOP) and target not in FORBIDDEN_INTERNAL.get(unit, ())
                 if not ok:
                     problems.append(f"{path.relative_to(pkg)} imports {name} (layer {LAYER[target]} from {LAYER[unit]})")
             elif parts[0] in FORBIDDEN_THIRD_PARTY.get(unit, ()):
@@ -144,3 +146,14 @@ def test_a_planted_wrong_import_in_a_pyx_fails(tmp_path: Path, line: str) -> Non
         (pkg / sub / "__init__.py").write_text("")
     (pkg / "capture" / "_fast.pyx").write_text(f"# cython: language_level=3\n{line}\n")
     assert layer_problems(pkg)
+
+
+def test_a_framework_adapter_importing_the_store_fails(tmp_path: Path) -> None:
+    pkg = tmp_path / "otel_agenttape"
+    for sub in ("integrations", "store", "capture"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "integrations" / "openai_agents.py").write_text("from ..store.writer import Store\n")
+    assert layer_problems(pkg)
+    (pkg / "integrations" / "openai_agents.py").write_text("from ..capture.api import current_run\n")
+    assert not layer_problems(pkg)

@@ -13,6 +13,7 @@ import hashlib
 from typing import Any
 
 from .. import semconv as sc
+from . import frameworks
 from .content import dump_json, maybe_json, to_messages, tool_definitions
 from .load import SpanRow
 from .model import Message, Node, Usage
@@ -364,5 +365,5 @@ def node_of(span: SpanRow) -> Node | None:
     if kind == MODEL:
         return model_node(span)
     if kind == TOOL:
-        return tool_node(span)
+        return frameworks.refine_tool(span, tool_node(span))
     return None

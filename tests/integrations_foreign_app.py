@@ -1,0 +1,131 @@
+"""A framework program under the framework's own OpenTelemetry instrumentation, exporting OTLP.
+
+Usage: python integrations_foreign_app.py INSTRUMENTATION RECEIVER_URL OPENAI_BASE_URL
+INSTRUMENTATION: ``oi-agents`` (openinference-instrumentation-openai-agents), ``otel-agents``
+(opentelemetry-instrumentation-openai-agents-v2), ``oi-langchain`` (openinference-instrumentation-
+langchain), ``otel-langchain`` (opentelemetry-instrumentation-langchain). The Agents SDK programs use
+its chat-completions model against the fake OpenAI server; the LangGraph ones a ReAct agent on the
+same server through ``langchain_core``'s fake chat model. Prints the trace id of the program's trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import warnings
+
+os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"  # until the program replaces the SDK's uploader
+os.environ["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] = "true"
+os.environ["TRACELOOP_TRACE_CONTENT"] = "true"
+
+
+def provider(receiver: str, name: str):
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    tp = TracerProvider(resource=Resource.create({"service.name": name}))
+    tp.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{receiver}/v1/traces")))
+    _remember_traces(tp)
+    trace.set_tracer_provider(tp)
+    return tp
+
+
+def agents_program(kind: str, receiver: str, base_url: str) -> str:
+    tp = provider(receiver, f"weather-{kind}")
+    from agents import (Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_trace_processors,
+                        set_tracing_disabled, trace)
+    from openai import AsyncOpenAI
+
+    set_trace_processors([])  # the SDK's own uploader never runs; the instrumentation adds its processor
+    set_tracing_disabled(False)
+    if kind == "oi-agents":
+        from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+        OpenAIAgentsInstrumentor().instrument(tracer_provider=tp)
+    else:
+        from opentelemetry.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+
+        OpenAIAgentsInstrumentor().instrument(tracer_provider=tp)
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        return json.dumps({"city": city, "temp": 57})
+
+    client = AsyncOpenAI(base_url=base_url, api_key="test", max_retries=0)
+    agent = Agent(name="weather", instructions="You are terse.", tools=[get_weather],
+                  model=OpenAIChatCompletionsModel(model="gpt-test", openai_client=client))
+
+    async def go() -> str:
+        with trace("weather", group_id="sess-foreign"):
+            return (await Runner.run(agent, "Weather in Paris?")).final_output
+
+    print(asyncio.run(go()), file=sys.stderr)
+    tp.force_flush()
+    return _TRACE_IDS[-1] if _TRACE_IDS else ""
+
+
+_TRACE_IDS: list[str] = []  # trace ids of the root spans the program ended
+
+
+def _remember_traces(tp) -> None:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class Remember(SpanProcessor):
+        def on_end(self, span) -> None:
+            if span.parent is None:
+                _TRACE_IDS.append(format(span.context.trace_id, "032x"))
+
+    tp.add_span_processor(Remember())
+
+
+def langchain_program(kind: str, receiver: str, base_url: str) -> str:
+    tp = provider(receiver, f"weather-{kind}")
+    if kind == "oi-langchain":
+        from openinference.instrumentation.langchain import LangChainInstrumentor
+
+        LangChainInstrumentor().instrument(tracer_provider=tp)
+    else:
+        from opentelemetry.instrumentation.langchain import LangchainInstrumentor
+
+        LangchainInstrumentor().instrument(tracer_provider=tp)
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import tool
+
+    from integrations_langgraph_app import ToolCallingFake
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from langgraph.prebuilt import create_react_agent
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        return json.dumps({"city": city, "temp": 57})
+
+    model = ToolCallingFake(responses=[
+        AIMessage(content="", tool_calls=[{"id": "call_1", "name": "get_weather", "args": {"city": "Paris"}}]),
+        AIMessage(content="It is 57F in Paris."),
+    ])
+    agent = create_react_agent(model, [get_weather], name="weather", prompt="You are terse.")
+    out = agent.invoke({"messages": [HumanMessage(content="Weather in Paris?")]},
+                       config={"metadata": {"session_id": "sess-foreign"}})
+    print(out["messages"][-1].content, file=sys.stderr)
+    tp.force_flush()
+    return _TRACE_IDS[-1] if _TRACE_IDS else ""
+
+
+def main() -> int:
+    kind, receiver, base_url = sys.argv[1:4]
+    program = agents_program if kind in ("oi-agents", "otel-agents") else langchain_program
+    print(program(kind, receiver, base_url))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
