@@ -46,6 +46,11 @@ def refs(served):
 
 
 def test_runs_lists_both_with_their_own_status(served, refs, capsys):
+    capsys.readouterr()
+    assert main(["runs", "--db", served.db, "--status", "error", "--agent", "nightly", "--json"]) == 0
+    assert [r["ref"] for r in json.loads(capsys.readouterr().out)] == [refs[1]]
+    assert main(["runs", "--db", served.db, "--session", "day-1", "--source", "agenttape", "--json"]) == 0
+    assert [r["ref"] for r in json.loads(capsys.readouterr().out)] == [refs[0]]
     rows = [r for r in _runs(served, capsys) if r["run_id"] == "nightly-report"]
     assert sorted(r["ref"] for r in rows) == sorted(refs)
     assert {r["session_id"]: (r["status"], r["tool_calls"], r["errors"]) for r in rows} == {

@@ -107,6 +107,15 @@ def test_our_demo_lists_every_run_with_parents_and_each_ref_opens(tmp_path, caps
     root = next(r for r in rows if r["agent"] == "coordinator")
     assert all(r["parent_ref"] == root["ref"] for r in rows if r is not root)
     assert {r["source"] for r in rows} == {"agenttape"} and all(r["session_id"] == "demo-session" for r in rows)
+    capsys.readouterr()
+    assert main(["runs", "--db", db, "--limit", "1"]) == 0
+    assert "2 more (of 3)" in capsys.readouterr().out
+    assert main(["runs", "--db", db, "--since", "2000-01-01", "--status", "completed", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 3
+    assert main(["runs", "--db", db, "--since", "2999-01-01", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["runs", "--db", db, "--since", "yesterday"]) == 2
+    assert "since" in capsys.readouterr().err
     for r in rows:
         assert r["ref"] in text  # printed whole, so a copied ref opens
         capsys.readouterr()

@@ -19,13 +19,6 @@ from otel_agenttape import semconv as sc
 MODEL_OPS_SQL = ", ".join(f"'{op}'" for op in sorted(sc.MODEL_OPERATIONS))
 
 
-def _typed_text(expr: str) -> str:
-    return (
-        f"coalesce({expr}->>'s', {expr}->>'i', {expr}->>'d', {expr}->>'bool', "
-        f"CASE WHEN {expr} IS NOT NULL AND {expr}::VARCHAR <> '{{}}' THEN {expr}::VARCHAR END)"
-    )
-
-
 def _paths(keys: list[str]) -> str:
     return "[" + ", ".join(f"'$.\"{k}\"'" for k in keys) + "]"
 
