@@ -18,7 +18,12 @@ statements after which the store file changed.
 
     python bench/faults.py [--quick] [--runs N] [--down-s S] [--restart-s S] [--protocol grpc]
 
-Last line: ``faults acked=N lost=0 duplicated=0 sql_writes=0 outbox_lost=0 recovered_s=X``.
+5. the receiver-side scenarios of ``bench/faults_receiver.py`` (kill -9 inside a WAL append, an
+   uncommitted store write and a checkpoint; a full disk and its recovery without a restart; the SQL
+   corpus through a running server), added to the counts.
+
+Last line: ``faults acked=N lost=0 duplicated=0 sql_writes=0 outbox_lost=0 recovered_s=X
+disk_full_recovered_s=Y restart_s=Z``.
 """
 
 from __future__ import annotations
@@ -277,6 +282,9 @@ def main() -> None:
     p.add_argument("--down-s", type=float, default=None, help="how long the receiver stays down (60, quick 5)")
     p.add_argument("--restart-s", type=float, default=1.0, help="pause before each restart in scenario 1")
     p.add_argument("--protocol", choices=["http/protobuf", "grpc"], default="http/protobuf")
+    p.add_argument("--receiver-rounds", type=int, default=None,
+                   help="rounds of bench/faults_receiver.py (kill -9 inside a WAL append, a store write and a "
+                        "checkpoint; a full disk; the SQL corpus through a running server); default 2, quick 1; 0: skip")
     args = p.parse_args()
     runs = args.runs or (300 if args.quick else 3000)
     down_s = args.down_s if args.down_s is not None else (5.0 if args.quick else 60.0)
@@ -287,8 +295,28 @@ def main() -> None:
         receiver_down(tmp, t, args.protocol, max(50, runs // 2), down_s)
         agent_kill(tmp, t, args.protocol, runs)
         sql_attempts(tmp, t)
+    rounds = args.receiver_rounds if args.receiver_rounds is not None else (1 if args.quick else 2)
+    extra = receiver_faults(t, rounds) if rounds > 0 else ""
     print(f"faults acked={t.acked} lost={t.lost} duplicated={t.duplicated} sql_writes={t.sql_writes} "
-          f"outbox_lost={t.outbox_lost} recovered_s={t.recovered_s}")
+          f"outbox_lost={t.outbox_lost} recovered_s={t.recovered_s}{extra}")
+
+
+def receiver_faults(t: Tally, rounds: int) -> str:
+    """The receiver-side scenarios of ``faults_receiver.py``, added to the tally; its extra fields."""
+    print(f"5. receiver faults (bench/faults_receiver.py --rounds {rounds})", flush=True)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "faults_receiver.py"), "--rounds", str(rounds)],
+                          capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    for line in lines[:-1]:
+        print("  " + line, flush=True)
+    if proc.returncode not in (0, 1) or not lines or not lines[-1].startswith("faults "):
+        raise SystemExit(f"bench/faults_receiver.py failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    fields = dict(kv.split("=", 1) for kv in lines[-1].split()[1:])
+    t.acked += int(fields["acked"])
+    t.lost += int(fields["lost"])
+    t.duplicated += int(fields["duplicated"])
+    t.sql_writes += int(fields["sql_writes"])
+    return f" disk_full_recovered_s={fields['recovered_s']} restart_s={fields['restart_s']}"
 
 
 if __name__ == "__main__":

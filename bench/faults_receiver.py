@@ -1,4 +1,4 @@
-"""Receiver faults at scale: kill -9 under load, a full disk, and SQL write attempts.
+"""Receiver faults at scale: kill -9 under load, a full disk, and SQL write attempts (``bench/faults.py`` runs it too).
 
 Each round runs real `agenttape serve` processes on 127.0.0.1 (the fault harnesses of ``tests/``):
 
