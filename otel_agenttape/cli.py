@@ -67,10 +67,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         token=args.token,
         ingest_workers=args.ingest_workers,
         warm_workers=True,
+        span_metrics=not args.no_span_metrics and _env("SPAN_METRICS", "1") != "0",
+        metrics_otlp_endpoint=args.metrics_otlp_endpoint or None,
+        metrics_otlp_interval=args.metrics_otlp_interval,
     )
     try:
         server.start()
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise CliError(f"cannot start the receiver: {exc}") from None
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
     signal.signal(signal.SIGINT, lambda *_: server.request_stop())
@@ -337,6 +340,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", default=_env("TOKEN"), help="require Authorization: Bearer TOKEN (env AGENTTAPE_TOKEN)")
     p.add_argument("--ingest-workers", type=int, default=None, metavar="N",
                    help="processes decoding and converting requests to rows (default: one per core, max 4; 0: none)")
+    p.add_argument("--no-span-metrics", action="store_true",
+                   help="do not derive GenAI/agent metrics from stored spans (env AGENTTAPE_SPAN_METRICS=0)")
+    p.add_argument("--metrics-otlp-endpoint", default=_env("METRICS_OTLP_ENDPOINT"), metavar="URL",
+                   help="also push /metrics over OTLP/HTTP to this collector URL (env AGENTTAPE_METRICS_OTLP_ENDPOINT)")
+    p.add_argument("--metrics-otlp-interval", type=float, default=15.0, metavar="SECONDS",
+                   help="seconds between OTLP metric exports (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the startup line as JSON")
     p.set_defaults(func=cmd_serve)
 

@@ -12,7 +12,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,12 @@ from otel_agenttape.receiver.convert import ConvertPool, default_workers
 from otel_agenttape.receiver.decode import DEFAULT_MAX_BODY
 from otel_agenttape.receiver.grpc import GrpcReceiver
 from otel_agenttape.receiver.http import HttpContext, HttpReceiver
-from otel_agenttape.receiver.metrics import Metrics, render_genai
+from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import DEFAULT_MAX_QUEUE_BYTES, IngestPipeline
 from otel_agenttape.receiver.service import ExportService
 from otel_agenttape.receiver.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
-
-_GENAI_CACHE_SECONDS = 5.0
 
 
 def discovery_path(db: str | os.PathLike[str]) -> Path:
@@ -80,6 +77,9 @@ class TapeServer:
         grpc_enabled: bool = True,
         ingest_workers: int | None = None,
         warm_workers: bool = False,
+        span_metrics: bool = True,
+        metrics_otlp_endpoint: str | None = None,
+        metrics_otlp_interval: float = 15.0,
     ) -> None:
         self.db = None if db is None else str(db)
         self.host = host
@@ -104,6 +104,17 @@ class TapeServer:
         self.store: Any = store
         self._own_store = store is None
         self.metrics = Metrics()
+        self.metrics.add_gauges(self._gauges)
+        # GenAI and agent metrics derived from each stored batch (off: ``span_metrics=False``)
+        self.span_metrics: Any = None
+        if span_metrics:
+            from otel_agenttape.receiver.genai_metrics import SpanMetrics
+
+            self.span_metrics = SpanMetrics()
+            self.metrics.add_collector(self.span_metrics)
+        self.metrics_otlp_endpoint = metrics_otlp_endpoint
+        self.metrics_otlp_interval = metrics_otlp_interval
+        self._otlp_bridge: Any = None
         self.wal: WriteAheadLog | None = None
         self.pipeline: IngestPipeline | None = None
         self._http: HttpReceiver | None = None
@@ -112,7 +123,6 @@ class TapeServer:
         self._stopped = threading.Event()
         self._query_lock = threading.Lock()
         self._query_reader: Any = None
-        self._genai_cache: tuple[float, str] = (0.0, "")
         self.replayed_records = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -129,7 +139,8 @@ class TapeServer:
 
                 sink = ParquetSink(self.parquet_dir)
             self.pipeline = IngestPipeline(self.store, self.wal, self.metrics, max_queue_bytes=self.max_queue_bytes,
-                                           sink=sink, pool=ConvertPool(self.ingest_workers))
+                                           sink=sink, pool=ConvertPool(self.ingest_workers),
+                                           on_stored=self.span_metrics.observe if self.span_metrics else None)
             service = ExportService(self.pipeline, self.metrics, is_ready=lambda: self._ready)
             ctx = HttpContext(
                 service=service,
@@ -150,6 +161,12 @@ class TapeServer:
             self.pipeline.start()
             if self.db is not None:
                 self._write_discovery()
+            if self.metrics_otlp_endpoint:
+                from otel_agenttape.receiver.otlp_metrics import OtlpMetricsBridge
+
+                self._otlp_bridge = OtlpMetricsBridge(self.metrics.registry, self.metrics_otlp_endpoint,
+                                                      interval=self.metrics_otlp_interval)
+                self._otlp_bridge.start()
         except BaseException:
             self._teardown(drain=False)
             raise
@@ -195,6 +212,9 @@ class TapeServer:
 
     def _teardown(self, drain: bool, timeout: float = 30.0) -> None:
         self._remove_discovery()
+        if self._otlp_bridge is not None:
+            self._otlp_bridge.stop()  # one last export of the final values
+            self._otlp_bridge = None
         if self._http is not None:
             self._http.stop()
             self._http = None
@@ -291,26 +311,34 @@ class TapeServer:
         with self._query_lock:
             return self._reader().query(sql)
 
-    def render_metrics(self) -> str:
-        """Prometheus text for ``GET /metrics``."""
+    def _gauges(self) -> dict[str, tuple[str, float]]:
+        """Receiver gauges, read at each scrape from the pipeline, the WAL and the store file."""
         p, w = self.pipeline, self.wal
-        gauges = {
+        return {
             "agenttape_ready": ("1 once the receiver accepts requests.", 1 if self._ready else 0),
             "agenttape_queue_bytes": ("Accepted bytes not yet in the store.", p.queued_bytes if p else 0),
             "agenttape_queue_items": ("Accepted spans and log records not yet in the store.", p.queued_items if p else 0),
             "agenttape_queue_requests": ("Accepted requests not yet in the store.", p.queued_requests if p else 0),
             "agenttape_queue_limit_bytes": ("Queue size past which requests get 429.", self.max_queue_bytes),
+            "agenttape_queue_lag_seconds": ("Age of the oldest accepted request not yet in the store.",
+                                            p.lag_seconds if p else 0),
             "agenttape_wal_lag_records": ("WAL records not yet applied to the store.", w.lag_records if w else 0),
             "agenttape_wal_disk_bytes": ("Bytes of WAL segments on disk.", w.disk_bytes if w else 0),
             "agenttape_wal_fsyncs": ("Group-commit flushes of the WAL since start.", w.fsyncs if w else 0),
+            "agenttape_store_bytes": ("Bytes of the DuckDB store file and its WAL on disk.", self._store_bytes()),
         }
-        now = time.monotonic()
-        at, cached = self._genai_cache
-        if now - at > _GENAI_CACHE_SECONDS or not cached:
+
+    def _store_bytes(self) -> int:
+        if self.db is None:
+            return 0
+        total = 0
+        for path in (self.db, self.db + ".wal"):
             try:
-                cached = render_genai(self._internal_query)
-            except Exception as exc:  # noqa: BLE001 - receiver metrics still render
-                log.warning("GenAI metrics unavailable: %s", exc)
-                cached = ""
-            self._genai_cache = (now, cached)
-        return self.metrics.render(gauges, cached)
+                total += os.stat(path).st_size
+            except OSError:
+                pass
+        return total
+
+    def render_metrics(self) -> str:
+        """Prometheus text for ``GET /metrics`` (the registry of this server; nothing reads the store)."""
+        return self.metrics.render()
