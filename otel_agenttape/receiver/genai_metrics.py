@@ -48,9 +48,11 @@ _STREAM_EVENTS = ["agenttape.text", "agenttape.reasoning"]
 MAX_OPEN_RUNS = 100_000  # runs whose steps are counted while their run span has not arrived
 MAX_CHAINS = 50_000  # tapes whose last link is remembered to check the next one
 
-_MODEL = ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "service_name")
+# label sets; gen_ai_agent_name and service_name are ours (the conventions allow added attributes): they
+# let a dashboard filter every panel by agent and service
+_MODEL = ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "gen_ai_agent_name", "service_name")
 _RUN = ("gen_ai_agent_name", "status", "service_name")
-_TOOL = ("gen_ai_tool_name", "service_name")
+_TOOL = ("gen_ai_tool_name", "gen_ai_agent_name", "service_name")
 
 
 class SpanMetrics(Collector):
@@ -72,10 +74,9 @@ class SpanMetrics(Collector):
                               AGENT_DURATION_BUCKETS)
         self.run_steps = H("agenttape_run_steps", "Steps (highest agenttape.step) per finished agent run.",
                            ("gen_ai_agent_name", "service_name"), STEP_BUCKETS)
-        self.tool_calls = C("agenttape_tool_calls_total", "Tool calls (execute_tool spans) by tool.",
-                            _TOOL + ("gen_ai_agent_name",))
+        self.tool_calls = C("agenttape_tool_calls_total", "Tool calls (execute_tool spans) by tool.", _TOOL)
         self.tool_errors = C("agenttape_tool_errors_total", "Tool calls that ended in error, by tool and error type.",
-                             _TOOL + ("gen_ai_agent_name", "error_type"))
+                             _TOOL + ("error_type",))
         self.tool_duration = H("agenttape_tool_duration_seconds", "Duration of tool calls.", _TOOL,
                                GENAI_DURATION_BUCKETS)
         self.chain_checked = C("agenttape_chain_links_checked_total",
@@ -163,12 +164,12 @@ class SpanMetrics(Collector):
         self.ttfc.add([joined.column(f"l{i}").combine_chunks() for i in range(len(cols))], ttfc)
 
     def _tools(self, is_tool: np.ndarray, dur: np.ndarray, err: pa.Array, labels: _Labels) -> None:
-        self.tool_calls.add(labels.many(_TOOL + ("gen_ai_agent_name",), is_tool))
+        self.tool_calls.add(labels.many(_TOOL, is_tool))
         self.tool_duration.add(labels.many(_TOOL, is_tool), dur[is_tool])
         self.legacy_calls.add([labels.get("gen_ai_tool_name", is_tool)])
         failed = is_tool & _true(err)
         if failed.any():
-            self.tool_errors.add(labels.many(_TOOL + ("gen_ai_agent_name", "error_type"), failed))
+            self.tool_errors.add(labels.many(_TOOL + ("error_type",), failed))
             self.legacy_errors.add([labels.get("gen_ai_tool_name", failed)])
 
     def _steps(self, spans: pa.Table, is_run: np.ndarray, labels: _Labels) -> None:
