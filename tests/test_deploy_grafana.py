@@ -92,7 +92,7 @@ def test_dashboards_query_only_metrics_the_receiver_exposes():
         "agenttape_ready", "agenttape_queue_bytes", "agenttape_queue_limit_bytes", "agenttape_queue_lag_seconds",
         "agenttape_wal_lag_records", "agenttape_wal_disk_bytes", "agenttape_store_bytes")})
     exposed = set()
-    for fam in metrics.registry.collect():
+    for fam in metrics.collect():
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(fam.type, [""])
         exposed |= {fam.name + s for s in suffixes}
     import re

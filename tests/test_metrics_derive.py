@@ -9,7 +9,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from receiver_util import trace_request
 
 from otel_agenttape import semconv as sc
-from otel_agenttape.integrity.chain import genesis
 from otel_agenttape.receiver.server import TapeServer
 
 PB = {"Content-Type": "application/x-protobuf"}
@@ -66,8 +65,9 @@ def test_demo_spans_become_genai_and_agent_metrics(server):
     assert value(m, "gen_ai_client_token_usage_count", gen_ai_token_type="input") == stored["models"] == 5
     # semconv buckets: le="1" .. le="67108864", cumulative, +Inf equals the count
     buckets = [(lab["le"], v) for lab, v in m["gen_ai_client_token_usage_bucket"]
-               if lab["gen_ai_token_type"] == "input"]
-    assert [b for b, _ in buckets][:3] == ["1.0", "4.0", "16.0"] and buckets[-1] == ("+Inf", 5)
+               if lab["gen_ai_token_type"] == "input" and lab["gen_ai_agent_name"] == "coordinator"]
+    assert [b for b, _ in buckets][:3] == ["1.0", "4.0", "16.0"] and buckets[-1] == ("+Inf", 2)
+    assert len(buckets) == 15 and all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:]))
     assert value(m, "gen_ai_client_operation_duration_seconds_count", **model) == 5
     assert value(m, "gen_ai_client_operation_time_to_first_chunk_seconds_count", **model) == 5  # streamed
     for agent, steps in (("coordinator", 2), ("researcher", 2), ("critic", 1)):
@@ -78,7 +78,7 @@ def test_demo_spans_become_genai_and_agent_metrics(server):
     assert value(m, "agenttape_tool_errors_total", gen_ai_tool_name="fetch_page", error_type="ConnectionError") == 1
     assert value(m, "agenttape_tool_errors_total", gen_ai_tool_name="web_search") == 0
     assert value(m, "agenttape_tool_duration_seconds_count") == 3
-    assert value(m, "agenttape_chain_links_checked_total") == 11  # every sealed span's link was checked
+    assert value(m, "agenttape_chain_links_checked_total") == 10  # every link after the first of the tape
     assert value(m, "agenttape_chain_verification_failures_total") == 0
     assert value(m, "agenttape_store_written_bytes_total") > 0 and value(m, "agenttape_store_bytes") > 0
     assert "agenttape_queue_lag_seconds" in m
@@ -120,15 +120,14 @@ def _sealed(chain_id: str, links: list[tuple[int, str, str]]):
 
 def test_chain_breaks_are_counted_as_spans_arrive(server):
     cid = "c" * 32
-    g = genesis(cid)
-    post(server, _sealed(cid, [(0, g, "h0"), (1, "h0", "h1")]))
+    post(server, _sealed(cid, [(0, "genesis", "h0"), (1, "h0", "h1")]))
     # the next batch continues from the remembered link h1, but seq 3 claims a predecessor that is not h2
     post(server, _sealed(cid, [(2, "h1", "h2"), (3, "forged", "h3")]))
-    post(server, _sealed("d" * 32, [(0, "0" * 64, "x0")]))  # an all-zero genesis lets tapes be spliced
+    post(server, _sealed(cid, [(3, "h2", "h3-other")]))  # seq 3 again with another hash: a fork
     m = scrape(server)
     assert value(m, "agenttape_chain_verification_failures_total", reason="prev_mismatch") == 1
-    assert value(m, "agenttape_chain_verification_failures_total", reason="genesis_mismatch") == 1
-    assert value(m, "agenttape_chain_links_checked_total") == 5
+    assert value(m, "agenttape_chain_verification_failures_total", reason="seq_reused") == 1
+    assert value(m, "agenttape_chain_links_checked_total") == 4  # seq 1, 2, 3 and the second seq 3
 
 
 def test_label_values_are_capped_with_an_other_bucket(server):

@@ -15,18 +15,17 @@ instrumentations send through a collector. What the conventions do not name is `
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from otel_agenttape.integrity.chain import genesis, genesis_v1
-from otel_agenttape.receiver.metric_state import CounterState, HistogramState, LabelCap, families
+from otel_agenttape.receiver.metric_state import Codes, CounterState, HistogramState, LabelCap, constant, families
 from otel_agenttape.receiver.metrics import GENAI_DURATION_BUCKETS
 
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
@@ -45,6 +44,7 @@ _COLUMN = {"gen_ai_operation_name": "operation_name", "gen_ai_provider_name": "p
 # operations with metrics of their own (runs, tools): not client operations
 _NOT_CLIENT_OPS = ["invoke_agent", "invoke_workflow", "execute_tool"]
 _STREAM_EVENTS = ["agenttape.text", "agenttape.reasoning"]
+_CHAIN_COLUMNS = ["chain_id", "chain_epoch", "chain_seq", "chain_prev", "chain_hash"]
 MAX_OPEN_RUNS = 100_000  # runs whose steps are counted while their run span has not arrived
 MAX_CHAINS = 50_000  # tapes whose last link is remembered to check the next one
 
@@ -84,7 +84,7 @@ class SpanMetrics(Collector):
         self.chain_failures = C("agenttape_chain_verification_failures_total",
                                 "Sealed spans whose chain link does not follow from the link before it, by reason.",
                                 ("reason",))
-        for reason in ("prev_mismatch", "genesis_mismatch", "seq_reused"):  # one series each from the start
+        for reason in ("prev_mismatch", "seq_reused"):  # one series each from the start
             self.chain_failures.incr(0, reason)
         # names kept from earlier releases (dashboards may use them)
         self.legacy_tokens = C("agenttape_genai_token_usage_tokens_total", "Tokens used by model and type.",
@@ -103,6 +103,10 @@ class SpanMetrics(Collector):
     def collect(self) -> Iterable[Metric]:
         return families(self.states())
 
+    def render_text(self) -> str:
+        """Prometheus text of every family (series unchanged since the last scrape come from cache)."""
+        return "".join(s.render_text() for s in self.states())
+
     # -- derivation -----------------------------------------------------------------------------
 
     def observe(self, tables: dict[str, pa.Table]) -> None:
@@ -120,10 +124,10 @@ class SpanMetrics(Collector):
         if is_tool.any():
             self._tools(is_tool, dur, err, labels)
         is_run = _true(pc.or_kleene(pc.equal(op, "invoke_agent"), pc.equal(node, "run")))
-        self._steps(spans, is_run, labels)
+        self._steps(spans, is_run, dur, labels)
         has_chain = _true(pc.is_valid(spans.column("chain_id")))
         if has_chain.any():
-            self._check_chains(spans.filter(pa.array(has_chain)))
+            self._check_chains(spans.select(_CHAIN_COLUMNS).filter(pa.array(has_chain)))
         has_op = _true(pc.is_valid(op))
         if has_op.any():
             self.legacy_duration.add([labels.get("gen_ai_operation_name", has_op)], dur[has_op])
@@ -137,31 +141,37 @@ class SpanMetrics(Collector):
             has = _true(pc.is_valid(tokens))
             if not has.any():
                 continue
-            values = tokens.filter(pa.array(has)).to_numpy().astype(np.float64)
-            kind = pa.array(np.full(int(has.sum()), typ))
+            values = pc.fill_null(tokens, 0).to_numpy().astype(np.float64)[has]
+            kind = constant(typ, int(has.sum()))
             self.token_usage.add(labels.many(_MODEL, has) + [kind], values)
-            model = pc.coalesce(labels.get("gen_ai_response_model", has), "")
-            request = labels.get("gen_ai_request_model", has)
-            model = pc.if_else(pc.equal(model, ""), request, model)
-            self.legacy_tokens.add([model, kind], values)
+            self.legacy_tokens.add([labels.get("legacy_model", has), kind], values)
         if events is not None and events.num_rows and client.any():
             self._first_chunk(spans, client, labels, events)
 
     def _first_chunk(self, spans: pa.Table, client: np.ndarray, labels: _Labels, events: pa.Table) -> None:
+        """Seconds from a model span's start to its first text or reasoning event (streamed calls only).
+        Events are matched to spans by span id within the batch (64 random bits: a clash between two
+        traces of one batch would cost one sample, not a count)."""
         streamed = events.filter(pc.is_in(events.column("name"), pa.array(_STREAM_EVENTS)))
         if not streamed.num_rows:
             return
-        first = streamed.group_by(["trace_id", "span_id"], use_threads=False).aggregate([("time_unix_nano", "min")])
         idx = np.flatnonzero(client)
-        cols = labels.many(_MODEL, client)
-        model = pa.table({"trace_id": spans.column("trace_id").take(idx), "span_id": spans.column("span_id").take(idx),
-                          "start": spans.column("start_time_unix_nano").take(idx),
-                          **{f"l{i}": c for i, c in enumerate(cols)}})
-        joined = model.join(first, ["trace_id", "span_id"], join_type="inner", use_threads=False)
-        if not joined.num_rows:
+        at = pc.index_in(streamed.column("span_id"), value_set=_flat(spans.column("span_id")).take(pa.array(idx)))
+        pos = pc.fill_null(at, -1).to_numpy(zero_copy_only=False)
+        hit = pos >= 0
+        if not hit.any():
             return
-        ttfc = _seconds(joined.column("time_unix_nano_min"), joined.column("start")).clip(min=0)
-        self.ttfc.add([joined.column(f"l{i}").combine_chunks() for i in range(len(cols))], ttfc)
+        pos = pos[hit]
+        times = streamed.column("time_unix_nano").to_numpy()[hit]
+        first = np.zeros(len(idx), dtype=np.int64)
+        first[pos[::-1]] = times[::-1]  # the first event of each span in table order (its event order)
+        seen = np.zeros(len(idx), dtype=bool)
+        seen[pos] = True
+        start = spans.column("start_time_unix_nano").to_numpy()[idx]
+        ttfc = np.clip((first[seen] - start[seen]) / 1e9, 0, None)
+        mask = np.zeros(spans.num_rows, dtype=bool)
+        mask[idx[seen]] = True
+        self.ttfc.add(labels.many(_MODEL, mask), ttfc)
 
     def _tools(self, is_tool: np.ndarray, dur: np.ndarray, err: pa.Array, labels: _Labels) -> None:
         self.tool_calls.add(labels.many(_TOOL, is_tool))
@@ -172,114 +182,117 @@ class SpanMetrics(Collector):
             self.tool_errors.add(labels.many(_TOOL + ("error_type",), failed))
             self.legacy_errors.add([labels.get("gen_ai_tool_name", failed)])
 
-    def _steps(self, spans: pa.Table, is_run: np.ndarray, labels: _Labels) -> None:
+    def _steps(self, spans: pa.Table, is_run: np.ndarray, dur: np.ndarray, labels: _Labels) -> None:
         """Remember the highest step of each open run; observe it when the run's own span arrives."""
         run_id, step = spans.column("run_id"), spans.column("step")
         inner = _true(pc.and_kleene(pc.is_valid(step), pc.is_valid(run_id))) & ~is_run
+        open_runs = self._open_runs
         if inner.any():
-            g = pa.table({"r": run_id.filter(pa.array(inner)), "s": step.filter(pa.array(inner))}) \
-                .group_by("r", use_threads=False).aggregate([("s", "max")])
-            open_runs = self._open_runs
-            for r, s in zip(g.column("r").to_pylist(), g.column("s_max").to_pylist()):
-                if s > open_runs.get(r, -1):
-                    open_runs.pop(r, None)
-                    open_runs[r] = s
-            while len(open_runs) > MAX_OPEN_RUNS:
-                open_runs.pop(next(iter(open_runs)))
+            enc = _flat(run_id).filter(pa.array(inner)).dictionary_encode()
+            code = enc.indices.to_numpy(zero_copy_only=False)
+            highest = np.full(len(enc.dictionary), -1, dtype=np.int64)
+            st = step.filter(pa.array(inner)).to_numpy().astype(np.int64)
+            order = np.argsort(st, kind="stable")
+            highest[code[order]] = st[order]  # the last write per run is its highest step
+            rs, ss = enc.dictionary.to_pylist(), highest.tolist()
+            before = [open_runs.get(r, -1) for r in rs]
+            open_runs.update((r, s) for r, s, b in zip(rs, ss, before) if s > b)
+            excess = len(open_runs) - MAX_OPEN_RUNS
+            if excess > 0:
+                for r in list(itertools.islice(open_runs, excess)):
+                    del open_runs[r]
         if not is_run.any():
             return
-        self.runs.add(labels.many(_RUN, is_run))
-        dur = _seconds(spans.column("end_time_unix_nano"), spans.column("start_time_unix_nano"))
-        self.run_duration.add(labels.many(_RUN, is_run), dur[is_run])
+        run_labels = labels.many(_RUN, is_run)
+        self.runs.add(run_labels)
+        self.run_duration.add(run_labels, dur[is_run])
         ids = run_id.filter(pa.array(is_run)).to_pylist()
-        steps = np.array([self._open_runs.pop(r, 0) if r else 0 for r in ids], dtype=np.float64)
+        steps = np.array([open_runs.pop(r, 0) if r else 0 for r in ids], dtype=np.float64)
         self.run_steps.add(labels.many(("gen_ai_agent_name", "service_name"), is_run), steps)
 
     def _check_chains(self, t: pa.Table) -> None:
-        """Each sealed span's ``chain_prev`` must be the ``chain_hash`` of the span before it in its tape
-        (or the tape's genesis for seq 0). Checked within the batch and against the last link remembered
-        per tape; links whose predecessor is not known (out of order, evicted) are not checked."""
-        t = t.select(["chain_id", "chain_epoch", "chain_seq", "chain_prev", "chain_hash"])
-        t = t.sort_by([("chain_id", "ascending"), ("chain_epoch", "ascending"), ("chain_seq", "ascending")])
-        n = t.num_rows
-        cid = t.column("chain_id").combine_chunks()
+        """Each sealed span's ``chain_prev`` must be the ``chain_hash`` of the span before it in its tape.
+        Checked within the batch and against the last link remembered per tape; a link whose predecessor
+        is not known (a first link, out of order, evicted) is left to ``agenttape verify``."""
+        cid = _flat(t.column("chain_id"))
         group = cid.dictionary_encode().indices.to_numpy(zero_copy_only=False).astype(np.int64)
         epoch = pc.fill_null(t.column("chain_epoch"), 0).to_numpy().astype(np.int64)
         seq = pc.fill_null(t.column("chain_seq"), -1).to_numpy().astype(np.int64)
-        prev = t.column("chain_prev").combine_chunks()
-        hsh = t.column("chain_hash").combine_chunks()
-        fails: dict[str, int] = {}
-        checked = 0
+        order = np.lexsort((seq, epoch, group))
+        if not (order[1:] > order[:-1]).all():  # usually they arrive in order already
+            take = pa.array(order)
+            group, epoch, seq, cid = group[order], epoch[order], seq[order], cid.take(take)
+            prev, hsh = _flat(t.column("chain_prev")).take(take), _flat(t.column("chain_hash")).take(take)
+        else:
+            prev, hsh = _flat(t.column("chain_prev")), _flat(t.column("chain_hash"))
+        n = len(seq)
+        checked = prev_bad = reused_bad = 0
         if n > 1:  # each link against the one before it in the batch
             same = (group[1:] == group[:-1]) & (epoch[1:] == epoch[:-1])
-            differs = _true(pc.not_equal(prev.slice(1), hsh.slice(0, n - 1)))
-            redo = _true(pc.not_equal(hsh.slice(1), hsh.slice(0, n - 1)))
             follows = same & (seq[1:] == seq[:-1] + 1)
             reused = same & (seq[1:] == seq[:-1])
             checked += int(follows.sum() + reused.sum())
-            _add(fails, "prev_mismatch", int((follows & differs).sum()))
-            _add(fails, "seq_reused", int((reused & redo).sum()))
+            prev_bad += int((follows & _true(pc.not_equal(prev.slice(1), hsh.slice(0, n - 1)))).sum())
+            reused_bad += int((reused & _true(pc.not_equal(hsh.slice(1), hsh.slice(0, n - 1)))).sum())
         starts = np.flatnonzero(np.r_[True, (group[1:] != group[:-1]) | (epoch[1:] != epoch[:-1])])
         ends = np.r_[starts[1:] - 1, n - 1]
-        ids = cid.take(pa.array(starts)).to_pylist()
-        first_prev = prev.take(pa.array(starts)).to_pylist()
-        first_hash = hsh.take(pa.array(starts)).to_pylist()
-        last_hash = hsh.take(pa.array(ends)).to_pylist()
-        for j, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
-            key = (ids[j], int(epoch[a]))
-            s0 = int(seq[a])
-            known = self._chains.get(key)
-            if s0 == 0:  # the first link of a tape starts from its genesis
-                checked += 1
-                if first_prev[j] not in (genesis(key[0], key[1]), genesis_v1(key[0], key[1])):
-                    _add(fails, "genesis_mismatch", 1)
-            elif known is not None and s0 == known[0] + 1:
-                checked += 1
-                if first_prev[j] != known[1]:
-                    _add(fails, "prev_mismatch", 1)
-            elif known is not None and s0 == known[0]:
-                checked += 1
-                if first_hash[j] != known[1]:
-                    _add(fails, "seq_reused", 1)
-            if known is None or int(seq[b]) >= known[0]:
-                self._remember(key, (int(seq[b]), last_hash[j]))
+        keys = list(zip(cid.take(pa.array(starts)).to_pylist(), epoch[starts].tolist()))
+        chains = self._chains
+        known = [chains.get(k) for k in keys]
+        if any(k is not None for k in known):  # first links of the batch against the remembered ones
+            first_prev = prev.take(pa.array(starts)).to_pylist()
+            first_hash = hsh.take(pa.array(starts)).to_pylist()
+            for j, k in enumerate(known):
+                if k is None:
+                    continue
+                s0 = int(seq[starts[j]])
+                if s0 == k[0] + 1:
+                    checked += 1
+                    prev_bad += first_prev[j] != k[1]
+                elif s0 == k[0]:
+                    checked += 1
+                    reused_bad += first_hash[j] != k[1]
+        last = zip(seq[ends].tolist(), hsh.take(pa.array(ends)).to_pylist())
+        chains.update((key, link) for key, link, k in zip(keys, last, known) if k is None or link[0] >= k[0])
+        excess = len(chains) - MAX_CHAINS
+        if excess > 0:
+            for key in list(itertools.islice(chains, excess)):
+                del chains[key]
         if checked:
             self.chain_checked.incr(checked)
-        for reason, count in fails.items():
-            self.chain_failures.incr(count, reason)
-
-    def _remember(self, key: tuple[str, int], last: tuple[int, str]) -> None:
-        chains = self._chains
-        chains.pop(key, None)
-        chains[key] = last
-        if len(chains) > MAX_CHAINS:
-            chains.pop(next(iter(chains)))
+        if prev_bad:
+            self.chain_failures.incr(prev_bad, "prev_mismatch")
+        if reused_bad:
+            self.chain_failures.incr(reused_bad, "seq_reused")
 
 
 class _Labels:
-    """Capped label columns of one batch, computed once per label and shared by every metric."""
+    """Capped label codes of one batch, computed once per label and shared by every metric."""
 
     def __init__(self, owner: SpanMetrics, spans: pa.Table, err: pa.Array) -> None:
         self.owner, self.spans, self.err = owner, spans, err
-        self._full: dict[str, pa.Array] = {}
+        self._full: dict[str, Codes] = {}
 
-    def _column(self, name: str) -> pa.Array:
+    def _column(self, name: str) -> Codes:
         col = self._full.get(name)
         if col is None:
-            cap = self.owner.caps[name]
             if name == "status":
-                col = cap.apply(_run_status(self.spans, self.err))
+                col = self.owner.caps[name].codes(_run_status(self.spans, self.err))
             elif name == "error_type":
-                col = cap.apply(_error_types(self.spans, self.err))
+                col = self.owner.caps[name].codes(_error_types(self.spans, self.err))
+            elif name == "legacy_model":  # the response model, else the requested one
+                col = self.owner.caps["gen_ai_response_model"].codes(
+                    pc.coalesce(self.spans.column("response_model"), self.spans.column("request_model")))
             else:
-                col = cap.apply(self.spans.column(_COLUMN[name]))
+                col = self.owner.caps[name].codes(self.spans.column(_COLUMN[name]))
             self._full[name] = col
         return col
 
-    def get(self, name: str, mask: np.ndarray) -> pa.Array:
-        return self._column(name).filter(pa.array(mask))
+    def get(self, name: str, mask: np.ndarray) -> Codes:
+        codes, values = self._column(name)
+        return codes[mask], values
 
-    def many(self, names: tuple[str, ...], mask: np.ndarray) -> list[pa.Array]:
+    def many(self, names: tuple[str, ...], mask: np.ndarray) -> list[Codes]:
         return [self.get(n, mask) for n in names]
 
 
@@ -289,27 +302,31 @@ def _run_status(spans: pa.Table, err: pa.Array) -> pa.Array:
     return pc.coalesce(status, fallback)
 
 
+_ERROR_TYPE = r'"error\.type":\{"s":"(?P<t>(?:[^"\\]|\\.)*)"'
+
+
 def _error_types(spans: pa.Table, err: pa.Array) -> pa.Array:
     """``error.type`` of failed spans (``_OTHER`` when a failed span names none), null elsewhere.
-    Only the attributes of failed spans are parsed."""
+    Read with one regular expression over the typed-JSON attributes of the failed spans only."""
+    out = pa.nulls(spans.num_rows, pa.string())
     idx = np.flatnonzero(_true(err))
-    out: list[str | None] = [None] * spans.num_rows
-    if len(idx):
-        attrs = spans.column("attributes").take(idx).to_pylist()
-        for i, raw in zip(idx, attrs):
-            value = None
-            if raw and '"error.type"' in raw:
-                try:
-                    value = (orjson.loads(raw).get("error.type") or {}).get("s")
-                except (orjson.JSONDecodeError, AttributeError):
-                    value = None
-            out[i] = value if isinstance(value, str) and value else "_OTHER"
-    return pa.array(out, pa.string())
+    if not len(idx):
+        return out
+    attrs = spans.column("attributes").take(idx)
+    if isinstance(attrs, pa.ChunkedArray):
+        attrs = attrs.combine_chunks()
+    if not pa.types.is_string(attrs.type):
+        attrs = attrs.cast(pa.string())
+    found = pc.struct_field(pc.extract_regex(attrs, _ERROR_TYPE), [0])
+    found = pc.if_else(pc.equal(pc.fill_null(found, ""), ""), "_OTHER", found)
+    full = np.full(spans.num_rows, -1, dtype=np.int64)
+    full[idx] = np.arange(len(idx))
+    take = pa.array(full, mask=full < 0)
+    return found.take(take)
 
 
-def _add(counts: dict[str, int], key: str, n: int) -> None:
-    if n:
-        counts[key] = counts.get(key, 0) + n
+def _flat(column: Any) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
 def _true(mask: Any) -> np.ndarray:

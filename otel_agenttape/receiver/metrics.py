@@ -101,6 +101,7 @@ class Metrics:
         self._hist = {name: Histogram(name[: -len("_seconds")], help_, unit="seconds", buckets=LATENCY_BUCKETS,
                                       registry=self.registry)
                       for name, help_ in _HISTOGRAMS.items()}
+        self._text_sources: list[Any] = []
         self._rate_bytes = 0.0
         self._rate_at = time.monotonic()
 
@@ -135,7 +136,18 @@ class Metrics:
         self.registry.register(_Gauges(source))
 
     def add_collector(self, collector: Collector) -> None:
-        self.registry.register(collector)
+        """Expose ``collector``'s families. One with ``render_text()`` (the span metrics) renders itself,
+        caching the text of series that did not change; the rest go through the registry."""
+        if hasattr(collector, "render_text"):
+            self._text_sources.append(collector)
+        else:
+            self.registry.register(collector)
+
+    def collect(self) -> Iterable[Metric]:
+        """Every family, as ``prometheus_client`` metric families (for the OTLP bridge)."""
+        yield from self.registry.collect()
+        for source in self._text_sources:
+            yield from source.collect()
 
     def record_store_batch(self, nbytes: int) -> None:
         """Track the store's recent throughput (bytes/s, decaying average) to size Retry-After."""
@@ -152,6 +164,7 @@ class Metrics:
     def render(self, gauges: dict[str, tuple[str, float]] | None = None) -> str:
         """Prometheus text format 0.0.4 of every series, plus ``gauges`` {name: (help, value)} if given."""
         text = generate_latest(self.registry).decode("utf-8")
+        text += "".join(source.render_text() for source in self._text_sources)
         if gauges:
             reg = CollectorRegistry(auto_describe=False)
             reg.register(_Gauges(lambda: gauges))

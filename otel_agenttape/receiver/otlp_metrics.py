@@ -76,7 +76,8 @@ def _attrs(labels: dict[str, str]) -> dict[str, str]:
 
 
 def to_metrics_data(registry: Any, start_ns: int, resource: Resource) -> MetricsData:
-    """One snapshot of ``registry`` as OpenTelemetry metric data."""
+    """One snapshot of ``registry`` (anything with ``collect()``: ``Metrics``, a registry) as OpenTelemetry
+    metric data."""
     now = time.time_ns()
     out: list[Metric] = []
     for fam in registry.collect():

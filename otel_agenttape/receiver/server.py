@@ -164,7 +164,7 @@ class TapeServer:
             if self.metrics_otlp_endpoint:
                 from otel_agenttape.receiver.otlp_metrics import OtlpMetricsBridge
 
-                self._otlp_bridge = OtlpMetricsBridge(self.metrics.registry, self.metrics_otlp_endpoint,
+                self._otlp_bridge = OtlpMetricsBridge(self.metrics, self.metrics_otlp_endpoint,
                                                       interval=self.metrics_otlp_interval)
                 self._otlp_bridge.start()
         except BaseException:
