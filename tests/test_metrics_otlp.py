@@ -110,6 +110,7 @@ def test_server_pushes_the_scraped_metrics_over_otlp(tmp_path, collector):
     assert "agenttape_queue_bytes" in got and got["agenttape_queue_bytes"][-1].HasField("gauge")
     # the final export at stop: no request lost the last values
     assert len(collector.requests) >= 2
+    assert srv.metrics.get("agenttape_metrics_otlp_exports_total", result="ok") == len(collector.requests)
 
 
 def test_metrics_otlp_endpoint_url_rules():

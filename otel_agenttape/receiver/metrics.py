@@ -40,6 +40,7 @@ _HELP: dict[str, str] = {
     "agenttape_store_written_bytes_total": "Bytes of Arrow rows written to the store.",
     "agenttape_parquet_errors_total": "Failed Parquet lake writes (DuckDB still holds the rows).",
     "agenttape_wal_replayed_records_total": "WAL records applied at start.",
+    "agenttape_metrics_errors_total": "Stored batches whose metrics could not be derived.",
 }
 
 _HISTOGRAMS: dict[str, str] = {

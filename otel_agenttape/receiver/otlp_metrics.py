@@ -146,6 +146,8 @@ class OtlpMetricsBridge:
         ok = result == MetricExportResult.SUCCESS
         self.exports += ok
         self.failures += not ok
+        if hasattr(self.registry, "inc"):  # the server's Metrics: count pushes on /metrics too
+            self.registry.inc("agenttape_metrics_otlp_exports_total", 1, result="ok" if ok else "failed")
         return ok
 
     def start(self) -> None:
