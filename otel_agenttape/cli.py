@@ -85,6 +85,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lake_interval=args.lake_interval,
         lake_max_spans=args.lake_max_spans,
         limits=_serve_limits(args),
+        span_metrics=not args.no_span_metrics and _env("SPAN_METRICS", "1") != "0",
+        metrics_otlp_endpoint=args.metrics_otlp_endpoint or None,
+        metrics_otlp_interval=args.metrics_otlp_interval,
     )
     try:
         server.start()
@@ -427,6 +430,12 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="seconds for a request's body to arrive (default %(default)s); then 408 and closed")
     p.add_argument("--idle-timeout", type=float, default=lim.DEFAULT_IDLE_TIMEOUT, metavar="S",
                    help="seconds a kept-alive HTTP connection may wait for its next request (default %(default)s)")
+    p.add_argument("--no-span-metrics", action="store_true",
+                   help="do not derive GenAI/agent metrics from stored spans (env AGENTTAPE_SPAN_METRICS=0)")
+    p.add_argument("--metrics-otlp-endpoint", default=_env("METRICS_OTLP_ENDPOINT"), metavar="URL",
+                   help="also push /metrics over OTLP/HTTP to this collector URL (env AGENTTAPE_METRICS_OTLP_ENDPOINT)")
+    p.add_argument("--metrics-otlp-interval", type=float, default=15.0, metavar="SECONDS",
+                   help="seconds between OTLP metric exports (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the startup line as JSON")
     _lake_serve_args(p)
     p.set_defaults(func=cmd_serve)

@@ -1,44 +1,57 @@
-"""Receiver counters and the Prometheus text exposition of ``GET /metrics``.
+"""The receiver's metrics registry and the text of ``GET /metrics``.
 
-Receiver metrics (requests, spans accepted/stored/rejected, queue and WAL lag, latencies) are kept
-in memory; GenAI metrics (token usage, operation durations, tool calls and errors) are computed
-from the spans already in the store, so they describe what was recorded, whoever sent it.
+Each ``TapeServer`` has its own ``prometheus_client`` registry (``Metrics.registry``), so two servers
+in one process (tests, the demo) never share series. The receiver's counters are kept in a dict and
+read by a custom collector at scrape time, so any module can count something new with
+``metrics.inc("agenttape_..._total", n, label=value)`` without declaring it first (a name listed in
+``_HELP`` gets its help text there). Gauges whose value lives elsewhere (queue, WAL, store size) are
+read on scrape through ``add_gauges``; the metrics derived from ingested spans are a collector of
+their own (``genai_metrics.SpanMetrics``) added with ``add_collector``. Exposition is
+``prometheus_client.generate_latest``: text format 0.0.4.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, UnknownMetricFamily
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # gen_ai.client.operation.duration boundaries from the GenAI semantic conventions
 GENAI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 
-_HELP = {
-    "agenttape_requests_total": ("counter", "OTLP export requests by transport, signal and response code."),
-    "agenttape_spans_accepted_total": ("counter", "Spans acknowledged to clients (durable in the WAL)."),
-    "agenttape_spans_rejected_total": ("counter", "Spans refused, by reason."),
-    "agenttape_spans_stored_total": ("counter", "Spans newly written to the store."),
-    "agenttape_spans_duplicate_total": ("counter", "Re-sent spans already in the store."),
-    "agenttape_spans_conflicting_total": ("counter", "Re-sent span ids whose content differs from the stored span (not stored)."),
-    "agenttape_queries_refused_total": ("counter", "POST /api/query requests refused (writes, files, bad SQL)."),
-    "agenttape_queries_timed_out_total": ("counter", "Queries interrupted at the query timeout."),
-    "agenttape_logs_accepted_total": ("counter", "Log records acknowledged to clients."),
-    "agenttape_logs_rejected_total": ("counter", "Log records refused, by reason."),
-    "agenttape_logs_stored_total": ("counter", "Log records written to the store."),
-    "agenttape_backpressure_total": ("counter", "Requests refused because the ingest queue was full."),
-    "agenttape_store_errors_total": ("counter", "Failed store writes (retried from the WAL)."),
-    "agenttape_parquet_errors_total": ("counter", "Failed Parquet lake writes (DuckDB still holds the rows)."),
-    "agenttape_requests_too_many_items_total": ("counter", "Requests refused for holding more spans (log records) than allowed."),
-    "agenttape_http_refused_total": ("counter", "HTTP connections or requests cut off by a limit, by reason."),
-    "agenttape_wal_replayed_records_total": ("counter", "WAL records applied at start."),
-    "agenttape_ingest_latency_seconds": ("histogram", "Time from request received to acknowledgement."),
-    "agenttape_store_write_seconds": ("histogram", "Duration of one batched store write."),
+# counters: name -> help. A counter incremented under another name is still exposed (help "agenttape counter").
+_HELP: dict[str, str] = {
+    "agenttape_requests_total": "OTLP export requests by transport, signal and response code.",
+    "agenttape_spans_accepted_total": "Spans acknowledged to clients (durable in the WAL).",
+    "agenttape_spans_rejected_total": "Spans refused, by reason.",
+    "agenttape_spans_stored_total": "Spans newly written to the store.",
+    "agenttape_spans_duplicate_total": "Re-sent spans already in the store.",
+    "agenttape_logs_accepted_total": "Log records acknowledged to clients.",
+    "agenttape_logs_rejected_total": "Log records refused, by reason.",
+    "agenttape_logs_stored_total": "Log records written to the store.",
+    "agenttape_backpressure_total": "Requests refused because the ingest queue was full.",
+    "agenttape_store_errors_total": "Failed store writes (retried from the WAL).",
+    "agenttape_store_written_bytes_total": "Bytes of Arrow rows written to the store.",
+    "agenttape_parquet_errors_total": "Failed Parquet lake writes (DuckDB still holds the rows).",
+    "agenttape_wal_replayed_records_total": "WAL records applied at start.",
+    "agenttape_metrics_errors_total": "Stored batches whose metrics could not be derived.",
+    "agenttape_spans_conflicting_total": "Re-sent span ids whose content differs from the stored span (not stored).",
+    "agenttape_queries_refused_total": "POST /api/query requests refused (writes, files, bad SQL).",
+    "agenttape_queries_timed_out_total": "Queries interrupted at the query timeout.",
+    "agenttape_requests_too_many_items_total": "Requests refused for holding more spans (log records) than allowed.",
+    "agenttape_http_refused_total": "HTTP connections or requests cut off by a limit, by reason.",
 }
 
+_HISTOGRAMS: dict[str, str] = {
+    "agenttape_ingest_latency_seconds": "Time from request received to acknowledgement.",
+    "agenttape_store_write_seconds": "Duration of one batched store write.",
+}
 
 # The series a labelled counter shows before its first increment, so it keeps one identity over time.
 _ZERO_SERIES: dict[str, tuple[tuple[str, Any], ...]] = {
@@ -46,65 +59,60 @@ _ZERO_SERIES: dict[str, tuple[tuple[str, Any], ...]] = {
     "agenttape_logs_rejected_total": (("reason", "invalid_id"),),
 }
 
-
-def _esc(value: Any) -> str:
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+GaugeSource = Callable[[], dict[str, tuple[str, float]]]
 
 
-def _labels(labels: dict[str, Any] | tuple[tuple[str, Any], ...]) -> str:
-    items = labels.items() if isinstance(labels, dict) else labels
-    inner = ",".join(f'{k}="{_esc(v)}"' for k, v in items)
-    return "{" + inner + "}" if inner else ""
+class _Counters(Collector):
+    """Exposes ``Metrics``' counter dict on scrape."""
+
+    def __init__(self, owner: Metrics) -> None:
+        self.owner = owner
+
+    def collect(self) -> Iterable[Metric]:
+        series = self.owner.counter_series()
+        names = list(_HELP) + sorted(n for n in series if n not in _HELP)
+        for name in names:
+            rows = series.get(name) or [(_ZERO_SERIES.get(name, ()), 0.0)] if name in _HELP else series[name]
+            keys = sorted({k for labels, _ in rows for k, _ in labels})
+            help_ = _HELP.get(name, "agenttape counter")
+            if name.endswith("_total"):
+                fam: Metric = CounterMetricFamily(name[: -len("_total")], help_, labels=keys)
+            else:
+                fam = UnknownMetricFamily(name, help_, labels=keys)
+            for labels, value in sorted(rows, key=lambda r: r[0]):
+                d = dict(labels)
+                fam.add_metric([str(d.get(k, "")) for k in keys], value)
+            yield fam
 
 
-def _num(v: float) -> str:
-    if isinstance(v, float) and (math.isinf(v) or math.isnan(v)):
-        return "+Inf" if v > 0 else ("-Inf" if v < 0 else "NaN")
-    if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
-        return str(int(v))
-    return repr(v) if isinstance(v, float) else str(v)
+class _Gauges(Collector):
+    """Gauges read from their owner at scrape time: ``source()`` returns {name: (help, value)}."""
 
+    def __init__(self, source: GaugeSource) -> None:
+        self.source = source
 
-class _Histogram:
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * len(buckets)
-        self.total = 0
-        self.sum = 0.0
-
-    def observe(self, v: float) -> None:
-        self.total += 1
-        self.sum += v
-        for i, b in enumerate(self.buckets):
-            if v <= b:
-                self.counts[i] += 1
-                break
-
-    def lines(self, name: str) -> list[str]:
-        out, acc = [], 0
-        for b, c in zip(self.buckets, self.counts):
-            acc += c
-            out.append(f'{name}_bucket{{le="{_num(float(b))}"}} {acc}')
-        out.append(f'{name}_bucket{{le="+Inf"}} {self.total}')
-        out.append(f"{name}_sum {_num(self.sum)}")
-        out.append(f"{name}_count {self.total}")
-        return out
+    def collect(self) -> Iterable[Metric]:
+        for name, (help_, value) in self.source().items():
+            yield GaugeMetricFamily(name, help_, value=float(value))
 
 
 class Metrics:
-    """Thread-safe counters, gauges and histograms of one receiver."""
+    """Thread-safe counters, gauges and histograms of one receiver, in a registry of its own."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counters: dict[tuple[str, tuple[tuple[str, Any], ...]], float] = {}
-        self._hist: dict[str, _Histogram] = {
-            "agenttape_ingest_latency_seconds": _Histogram(LATENCY_BUCKETS),
-            "agenttape_store_write_seconds": _Histogram(LATENCY_BUCKETS),
-        }
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Counters(self))
+        self._hist = {name: Histogram(name[: -len("_seconds")], help_, unit="seconds", buckets=LATENCY_BUCKETS,
+                                      registry=self.registry)
+                      for name, help_ in _HISTOGRAMS.items()}
+        self._text_sources: list[Any] = []
         self._rate_bytes = 0.0
         self._rate_at = time.monotonic()
 
     def inc(self, name: str, value: float = 1, **labels: Any) -> None:
+        """Add ``value`` to the counter series ``name{labels}`` (created on first use)."""
         if not value:
             return
         key = (name, tuple(sorted(labels.items())))
@@ -116,9 +124,36 @@ class Metrics:
         with self._lock:
             return self._counters.get((name, tuple(sorted(labels.items()))), 0)
 
-    def observe(self, name: str, seconds: float) -> None:
+    def counter_series(self) -> dict[str, list[tuple[tuple[tuple[str, Any], ...], float]]]:
+        """A copy of every counter series, grouped by name."""
         with self._lock:
-            self._hist[name].observe(seconds)
+            items = list(self._counters.items())
+        out: dict[str, list[tuple[tuple[tuple[str, Any], ...], float]]] = {}
+        for (name, labels), v in items:
+            out.setdefault(name, []).append((labels, v))
+        return out
+
+    def observe(self, name: str, seconds: float) -> None:
+        """One observation of a receiver latency histogram (``_HISTOGRAMS``)."""
+        self._hist[name].observe(seconds)
+
+    def add_gauges(self, source: GaugeSource) -> None:
+        """Expose the gauges ``source()`` returns, read at each scrape."""
+        self.registry.register(_Gauges(source))
+
+    def add_collector(self, collector: Collector) -> None:
+        """Expose ``collector``'s families. One with ``render_text()`` (the span metrics) renders itself,
+        caching the text of series that did not change; the rest go through the registry."""
+        if hasattr(collector, "render_text"):
+            self._text_sources.append(collector)
+        else:
+            self.registry.register(collector)
+
+    def collect(self) -> Iterable[Metric]:
+        """Every family, as ``prometheus_client`` metric families (for the OTLP bridge)."""
+        yield from self.registry.collect()
+        for source in self._text_sources:
+            yield from source.collect()
 
     def record_store_batch(self, nbytes: int) -> None:
         """Track the store's recent throughput (bytes/s, decaying average) to size Retry-After."""
@@ -132,76 +167,12 @@ class Metrics:
     def store_rate_bytes(self) -> float:
         return self._rate_bytes
 
-    def render(self, gauges: dict[str, tuple[str, float]], genai: str = "") -> str:
-        """Prometheus text format 0.0.4 of every series plus ``gauges`` {name: (help, value)}."""
-        lines: list[str] = []
-        with self._lock:
-            by_name: dict[str, list[tuple[tuple[tuple[str, Any], ...], float]]] = {}
-            for (name, labels), v in self._counters.items():
-                by_name.setdefault(name, []).append((labels, v))
-            for name, (typ, help_) in _HELP.items():
-                lines.append(f"# HELP {name} {help_}")
-                lines.append(f"# TYPE {name} {typ}")
-                if typ == "histogram":
-                    lines.extend(self._hist[name].lines(name))
-                    continue
-                series = by_name.get(name) or [(_ZERO_SERIES.get(name, ()), 0)]
-                for labels, v in sorted(series, key=lambda s: s[0]):
-                    lines.append(f"{name}{_labels(labels)} {_num(float(v))}")
-        for name, (help_, value) in gauges.items():
-            lines.append(f"# HELP {name} {help_}")
-            lines.append(f"# TYPE {name} gauge")
-            lines.append(f"{name} {_num(float(value))}")
-        text = "\n".join(lines) + "\n"
-        return text + genai
-
-
-GENAI_SQL_TOKENS = """
-SELECT coalesce(response_model, request_model, '') AS model,
-       coalesce(sum(input_tokens), 0) AS input, coalesce(sum(output_tokens), 0) AS output
-FROM spans WHERE input_tokens IS NOT NULL OR output_tokens IS NOT NULL
-GROUP BY 1 ORDER BY 1
-"""
-
-GENAI_SQL_TOOLS = """
-SELECT tool_name, count(*) AS calls, count(*) FILTER (WHERE status_code = 2) AS errors
-FROM spans WHERE tool_name IS NOT NULL GROUP BY 1 ORDER BY 1
-"""
-
-
-def genai_duration_sql() -> str:
-    cols = ", ".join(
-        f"count(*) FILTER (WHERE d <= {b}) AS b{i}" for i, b in enumerate(GENAI_DURATION_BUCKETS)
-    )
-    return (
-        "SELECT operation_name, count(*) AS n, coalesce(sum(d), 0) AS s, "
-        + cols
-        + " FROM (SELECT operation_name, (end_time_unix_nano - start_time_unix_nano) / 1e9 AS d"
-        " FROM spans WHERE operation_name IS NOT NULL) GROUP BY 1 ORDER BY 1"
-    )
-
-
-def render_genai(query: Callable[[str], Any]) -> str:
-    """GenAI metrics over the stored spans; ``query(sql)`` returns a pyarrow Table."""
-    out: list[str] = []
-    name = "agenttape_genai_token_usage_tokens_total"
-    out += [f"# HELP {name} Tokens used by model and type (gen_ai.usage.* of stored spans).", f"# TYPE {name} counter"]
-    for row in query(GENAI_SQL_TOKENS).to_pylist():
-        for typ in ("input", "output"):
-            out.append(f"{name}{_labels({'gen_ai_response_model': row['model'], 'gen_ai_token_type': typ})} {int(row[typ])}")
-    name = "agenttape_genai_operation_duration_seconds"
-    out += [f"# HELP {name} Duration of stored GenAI operation spans.", f"# TYPE {name} histogram"]
-    for row in query(genai_duration_sql()).to_pylist():
-        op = row["operation_name"]
-        for i, b in enumerate(GENAI_DURATION_BUCKETS):
-            out.append(f"{name}_bucket{_labels({'gen_ai_operation_name': op, 'le': _num(float(b))})} {int(row[f'b{i}'])}")
-        out.append(f"{name}_bucket{_labels({'gen_ai_operation_name': op, 'le': '+Inf'})} {int(row['n'])}")
-        out.append(f"{name}_sum{_labels({'gen_ai_operation_name': op})} {_num(float(row['s']))}")
-        out.append(f"{name}_count{_labels({'gen_ai_operation_name': op})} {int(row['n'])}")
-    calls, errors = "agenttape_genai_tool_calls_total", "agenttape_genai_tool_errors_total"
-    rows = query(GENAI_SQL_TOOLS).to_pylist()
-    out += [f"# HELP {calls} Stored tool call spans by tool.", f"# TYPE {calls} counter"]
-    out += [f"{calls}{_labels({'gen_ai_tool_name': r['tool_name']})} {int(r['calls'])}" for r in rows]
-    out += [f"# HELP {errors} Stored tool call spans with error status by tool.", f"# TYPE {errors} counter"]
-    out += [f"{errors}{_labels({'gen_ai_tool_name': r['tool_name']})} {int(r['errors'])}" for r in rows]
-    return "\n".join(out) + "\n"
+    def render(self, gauges: dict[str, tuple[str, float]] | None = None) -> str:
+        """Prometheus text format 0.0.4 of every series, plus ``gauges`` {name: (help, value)} if given."""
+        text = generate_latest(self.registry).decode("utf-8")
+        text += "".join(source.render_text() for source in self._text_sources)
+        if gauges:
+            reg = CollectorRegistry(auto_describe=False)
+            reg.register(_Gauges(lambda: gauges))
+            text += generate_latest(reg).decode("utf-8")
+        return text

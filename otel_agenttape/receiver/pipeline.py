@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -48,6 +48,10 @@ _STORE_FAILURES_UNHEALTHY = 3
 _REPLAY_BATCH_BYTES = 32 * 1024 * 1024
 
 
+def _rows_bytes(tables: dict[str, Any]) -> int:
+    return sum(t.get_total_buffer_size() for t in tables.values())
+
+
 class Backpressure(Exception):
     """Ingest is behind (``unavailable=False``: 429 / RESOURCE_EXHAUSTED) or not able to store (503 / UNAVAILABLE)."""
 
@@ -66,6 +70,7 @@ class _Item:
     count: int
     size: int
     tables: Any = None  # rows.Tables when the request was converted before it was queued
+    at: float = field(default_factory=time.monotonic)  # when it was accepted
 
     def message(self) -> Any:
         return self.request if self.request is not None else parse_payload(self.kind, self.payload)
@@ -94,8 +99,10 @@ class IngestPipeline:
         pool_threshold: int = 4000,
         chunk_items: int = 8000,
         admission_wait: float = DEFAULT_ADMISSION_WAIT,
+        on_stored: Any = None,
     ) -> None:
         self.store = store
+        self.on_stored = on_stored  # called with each write's stored tables (metrics derived from spans)
         self.sink = sink  # optional ParquetSink: gets exactly the rows each write stored
         # rows built outside the writer need the store's two-step API (rows, then write_tables)
         self.converts = hasattr(store, "write_tables")
@@ -123,6 +130,7 @@ class IngestPipeline:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self.last_applied_at = 0.0
+        self._writing_since: float | None = None  # acceptance time of the oldest item being written
 
     # -- startup replay -----------------------------------------------------------------------
 
@@ -302,8 +310,10 @@ class IngestPipeline:
                 self._to_sink(res)
                 self.metrics.inc("agenttape_logs_stored_total", getattr(res, "logs_stored", 0))
         else:
-            res = self.store.write_tables(rows.concat(self._tables(batch)))
+            tables = rows.concat(self._tables(batch))
+            res = self.store.write_tables(tables)
             self._to_sink(res)
+            self.metrics.inc("agenttape_store_written_bytes_total", _rows_bytes(res.tables))
             self.metrics.inc("agenttape_spans_stored_total", res.spans_stored)
             self.metrics.inc("agenttape_spans_duplicate_total", res.duplicates)
             self._count_conflicts(res)
@@ -331,7 +341,14 @@ class IngestPipeline:
         return batch_tables(batch, self.pool, self.pool_threshold, self.chunk_items)
 
     def _to_sink(self, res: Any) -> None:
-        if self.sink is None or not getattr(res, "tables", None):
+        tables = getattr(res, "tables", None)
+        if tables and self.on_stored is not None:
+            try:
+                self.on_stored(tables)
+            except Exception as exc:  # noqa: BLE001 - metrics must never fail a write
+                self.metrics.inc("agenttape_metrics_errors_total")
+                log.error("deriving metrics from stored spans failed: %s", exc)
+        if self.sink is None or not tables:
             return
         try:
             self.sink.append(res.tables)
@@ -398,6 +415,7 @@ class IngestPipeline:
             self._reserved_items -= sum(it.count for it in batch)
             self._in_flight -= len(batch)
             self.last_applied_at = time.time()
+            self._writing_since = None
             self._idle.notify_all()
             self._room.notify_all()
 
@@ -407,6 +425,7 @@ class IngestPipeline:
                 if not self._wait_for_work():
                     break
                 batch = self._take_batch()
+                self._writing_since = min(it.at for it in batch) if batch else None
             if not self._retrying(lambda batch=batch: self._write_batch(batch)):
                 return
             self._applied(batch)
@@ -432,6 +451,13 @@ class IngestPipeline:
     @property
     def queued_requests(self) -> int:
         return self._in_flight
+
+    @property
+    def lag_seconds(self) -> float:
+        """Age of the oldest accepted request not yet in the store (0 when all are stored)."""
+        with self._lock:
+            oldest = [t for t in (self._writing_since, self._queue[0].at if self._queue else None) if t is not None]
+        return max(0.0, time.monotonic() - min(oldest)) if oldest else 0.0
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every admitted request is in the store; False on timeout."""

@@ -12,7 +12,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from otel_agenttape.receiver.decode import DEFAULT_MAX_BODY
 from otel_agenttape.receiver.grpc import GrpcReceiver
 from otel_agenttape.receiver.http import HttpContext, HttpReceiver
 from otel_agenttape.receiver.limits import Limits
-from otel_agenttape.receiver.metrics import Metrics, render_genai
+from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import DEFAULT_MAX_QUEUE_BYTES, IngestPipeline
 from otel_agenttape.receiver.service import ExportService
 from otel_agenttape.receiver.wal import WriteAheadLog
@@ -34,8 +33,6 @@ DEFAULT_MAX_QUERIES = 4  # queries running at once; more wait up to _QUERY_SLOT_
 _QUERY_SLOT_WAIT = 5.0
 
 log = logging.getLogger(__name__)
-
-_GENAI_CACHE_SECONDS = 5.0
 
 
 def discovery_path(db: str | os.PathLike[str]) -> Path:
@@ -103,6 +100,9 @@ class TapeServer:
         limits: Limits | None = None,
         http_routes: Sequence[Any] = (),
         http_fallback: Any = None,
+        span_metrics: bool = True,
+        metrics_otlp_endpoint: str | None = None,
+        metrics_otlp_interval: float = 15.0,
     ) -> None:
         self.db = None if db is None else str(db)
         self.host = host
@@ -131,6 +131,17 @@ class TapeServer:
         self.store: Any = store
         self._own_store = store is None
         self.metrics = Metrics()
+        self.metrics.add_gauges(self._gauges)
+        # GenAI and agent metrics derived from each stored batch (off: ``span_metrics=False``)
+        self.span_metrics: Any = None
+        if span_metrics:
+            from otel_agenttape.receiver.genai_metrics import SpanMetrics
+
+            self.span_metrics = SpanMetrics()
+            self.metrics.add_collector(self.span_metrics)
+        self.metrics_otlp_endpoint = metrics_otlp_endpoint
+        self.metrics_otlp_interval = metrics_otlp_interval
+        self._otlp_bridge: Any = None
         self.wal: WriteAheadLog | None = None
         self.pipeline: IngestPipeline | None = None
         self._http: HttpReceiver | None = None
@@ -141,7 +152,6 @@ class TapeServer:
         self.query_timeout = DEFAULT_QUERY_TIMEOUT if query_timeout is None else float(query_timeout)
         self.max_queries = max(1, int(max_queries))
         self._query_slots = threading.BoundedSemaphore(self.max_queries)
-        self._genai_cache: tuple[float, str] = (0.0, "")
         self.replayed_records = 0
         # publication into a lake (store/lake/publish.py): the DuckDB file stays the hot store
         self.lake = None if lake is None else os.fspath(lake)
@@ -164,7 +174,8 @@ class TapeServer:
 
                 sink = ParquetSink(self.parquet_dir)
             self.pipeline = IngestPipeline(self.store, self.wal, self.metrics, max_queue_bytes=self.max_queue_bytes,
-                                           sink=sink, pool=ConvertPool(self.ingest_workers))
+                                           sink=sink, pool=ConvertPool(self.ingest_workers),
+                                           on_stored=self.span_metrics.observe if self.span_metrics else None)
             service = ExportService(self.pipeline, self.metrics, is_ready=lambda: self._ready,
                                     max_items=self.limits.max_spans_per_request)
             ctx = HttpContext(
@@ -191,6 +202,12 @@ class TapeServer:
                 self._start_publisher()
             if self.db is not None:
                 self._write_discovery()
+            if self.metrics_otlp_endpoint:
+                from otel_agenttape.receiver.otlp_metrics import OtlpMetricsBridge
+
+                self._otlp_bridge = OtlpMetricsBridge(self.metrics, self.metrics_otlp_endpoint,
+                                                      interval=self.metrics_otlp_interval)
+                self._otlp_bridge.start()
         except BaseException:
             self._teardown(drain=False)
             raise
@@ -244,6 +261,9 @@ class TapeServer:
 
     def _teardown(self, drain: bool, timeout: float = 30.0) -> None:
         self._remove_discovery()
+        if self._otlp_bridge is not None:
+            self._otlp_bridge.stop()  # one last export of the final values
+            self._otlp_bridge = None
         if self._http is not None:
             self._http.stop()
             self._http = None
@@ -366,8 +386,8 @@ class TapeServer:
         finally:
             reader.close()
 
-    def render_metrics(self) -> str:
-        """Prometheus text for ``GET /metrics``."""
+    def _gauges(self) -> dict[str, tuple[str, float]]:
+        """Receiver gauges, read at each scrape from the pipeline, the WAL and the store file."""
         p, w = self.pipeline, self.wal
         gauges = {
             "agenttape_ready": ("1 once the receiver accepts requests.", 1 if self._ready else 0),
@@ -379,20 +399,29 @@ class TapeServer:
             "agenttape_queue_items": ("Accepted spans and log records not yet in the store.", p.queued_items if p else 0),
             "agenttape_queue_requests": ("Accepted requests not yet in the store.", p.queued_requests if p else 0),
             "agenttape_queue_limit_bytes": ("Queue size past which requests get 429.", self.max_queue_bytes),
+            "agenttape_queue_lag_seconds": ("Age of the oldest accepted request not yet in the store.",
+                                            p.lag_seconds if p else 0),
             "agenttape_wal_lag_records": ("WAL records not yet applied to the store.", w.lag_records if w else 0),
             "agenttape_wal_disk_bytes": ("Bytes of WAL segments on disk.", w.disk_bytes if w else 0),
             "agenttape_wal_fsyncs": ("Group-commit flushes of the WAL since start.", w.fsyncs if w else 0),
             "agenttape_http_connections": ("Open HTTP connections.", self._http.connections if self._http else 0),
+            "agenttape_store_bytes": ("Bytes of the DuckDB store file and its WAL on disk.", self._store_bytes()),
         }
         if self.publisher is not None:
             gauges.update(self.publisher.gauges())
-        now = time.monotonic()
-        at, cached = self._genai_cache
-        if now - at > _GENAI_CACHE_SECONDS or not cached:
+        return gauges
+
+    def _store_bytes(self) -> int:
+        if self.db is None:
+            return 0
+        total = 0
+        for path in (self.db, self.db + ".wal"):
             try:
-                cached = render_genai(self._internal_query)
-            except Exception as exc:  # noqa: BLE001 - receiver metrics still render
-                log.warning("GenAI metrics unavailable: %s", exc)
-                cached = ""
-            self._genai_cache = (now, cached)
-        return self.metrics.render(gauges, cached)
+                total += os.stat(path).st_size
+            except OSError:
+                pass
+        return total
+
+    def render_metrics(self) -> str:
+        """Prometheus text for ``GET /metrics`` (the registry of this server; nothing reads the store)."""
+        return self.metrics.render()
