@@ -308,14 +308,7 @@ class Lane:
 
     def first(self) -> Record | None:
         """The oldest record not acknowledged, with its payload."""
-        if not self._records:
-            return None
-        meta = self._records[0]
-        path = self.path / f"{meta.segment:020d}{SEGMENT_SUFFIX}"
-        with open(path, "rb") as f:
-            f.seek(meta.offset + HEADER_SIZE)
-            payload = f.read(meta.end - meta.offset - HEADER_SIZE)
-        return Record(meta.segment, meta.offset, meta.end, meta.kind, meta.items, payload)
+        return self.first_records(0)[0] if self._records else None
 
     def first_records(self, max_bytes: int) -> list[Record]:
         """The oldest records not acknowledged, with their payloads: as many as fit in ``max_bytes``

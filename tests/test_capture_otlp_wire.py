@@ -157,7 +157,10 @@ def test_the_exporter_posts_our_encoding_through_the_official_transport(collecto
     assert exporter.export(spans) is SpanExportResult.FAILURE  # the SDK's shutdown rule still holds
 
 
-def test_a_request_over_the_size_limit_is_refused_not_sent(collector, caplog):
+def test_a_request_over_the_size_limit_is_refused_not_sent(collector, caplog, monkeypatch):
+    from otel_agenttape.capture import delivery
+
+    monkeypatch.setattr(delivery, "_warned_at", [float("-inf")])  # the warning comes at most once a minute
     exporter = TapeOtlpHttpSpanExporter(endpoint=collector, max_request_size=100)
     with caplog.at_level(logging.WARNING):
         assert exporter.export([span({"text": "x" * 500})]) is SpanExportResult.FAILURE

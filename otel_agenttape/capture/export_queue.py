@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_agenttape.capture.delivery import Sent, encode_bounded
-from otel_agenttape.capture.stats import CaptureStats
+from otel_agenttape.capture.stats import CaptureStats, _peek
 
 log = logging.getLogger(__name__)
 
@@ -446,8 +446,3 @@ def _takes_timeout(method: Callable[..., Any]) -> bool:
         return "timeout_millis" in inspect.signature(method).parameters
     except (TypeError, ValueError):
         return False
-
-
-def _peek(counter: itertools.count) -> int:
-    # itertools.count exposes its next value through repr: "count(N)".
-    return int(repr(counter)[6:-1])
