@@ -245,7 +245,7 @@ class CaptureListener:
             try:
                 record = self._redacted_record(record)
             except Exception:
-                self.stats.incr("redaction_errors")
+                self.stats.incr("redactor_errors")
                 return  # never write an unredacted record when redaction was asked for
         for sink in self.sinks:
             try:
