@@ -176,3 +176,7 @@ SOURCE_OPENLLMETRY = "openllmetry"
 SOURCE_OPENAI_AGENTS = "openai-agents"
 SOURCE_LANGGRAPH = "langgraph"
 SOURCE_LANGCHAIN = "langchain"
+# OpenLLMetry's own instrumentations now write GenAI attributes; they are told apart by their scope
+# (``opentelemetry.instrumentation.openai.v1``) and the attribute OpenLLMetry alone adds
+OPENLLMETRY_SCOPE_SUFFIX = ".v1"
+OPENLLMETRY_API_BASE = "gen_ai.openai.api_base"

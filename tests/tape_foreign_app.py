@@ -1,9 +1,13 @@
 """An app using the real `openai` client under another vendor's instrumentation, exporting OTLP.
 
-Usage: python tape_foreign_app.py CONVENTION RECEIVER_URL OPENAI_BASE_URL [stream]
+Usage: python tape_foreign_app.py CONVENTION RECEIVER_URL OPENAI_BASE_URL [MODES]
 CONVENTION: genai (opentelemetry-instrumentation-genai-openai, content on spans), genai-events (the
 same, content on log events), openinference (openinference-instrumentation-openai), openllmetry
-(opentelemetry-instrumentation-openai). Prints the trace id of the app's one trace.
+(opentelemetry-instrumentation-openai). MODES, comma-separated: ``stream``; ``agent`` (the calls run
+inside that convention's agent span, with a session: a GenAI ``invoke_agent`` span with
+``gen_ai.conversation.id``, an OpenInference AGENT span under ``using_session``, an OpenLLMetry
+workflow span with the association property ``session_id``, as the Traceloop SDK writes it).
+Prints the trace id of the app's one trace.
 """
 
 from __future__ import annotations
@@ -33,9 +37,39 @@ def instrument(convention: str, tracer_provider, logger_provider) -> None:
         raise SystemExit(f"unknown convention {convention}")
 
 
+def _root(tracer, convention: str, agent: bool):
+    """The app's root span: a plain span, or the convention's agent span with a session."""
+    import contextlib
+
+    if not agent:
+        return tracer.start_as_current_span("weather-app")
+    if convention.startswith("genai"):
+        return tracer.start_as_current_span("invoke_agent weather", attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "weather",
+            "gen_ai.provider.name": "openai", "gen_ai.conversation.id": f"conv-{convention}"})
+    if convention == "openinference":
+        from openinference.instrumentation import using_session
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(using_session(f"sess-{convention}"))
+        span = stack.enter_context(tracer.start_as_current_span("weather", attributes={
+            "openinference.span.kind": "AGENT", "agent.name": "weather", "session.id": f"sess-{convention}"}))
+
+        @contextlib.contextmanager
+        def held():
+            with stack:
+                yield span
+
+        return held()
+    return tracer.start_as_current_span("weather.workflow", attributes={
+        "traceloop.span.kind": "workflow", "traceloop.workflow.name": "weather", "traceloop.entity.name": "weather",
+        "traceloop.association.properties.session_id": f"sess-{convention}"})
+
+
 def main() -> int:
     convention, receiver, base_url = sys.argv[1:4]
-    stream = len(sys.argv) > 4 and sys.argv[4] == "stream"
+    modes = set(sys.argv[4].split(",")) if len(sys.argv) > 4 else set()
+    stream = "stream" in modes
     from opentelemetry import _logs
     from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -77,7 +111,7 @@ def main() -> int:
             finish = chunk.choices[0].finish_reason or finish
         return text, list(calls.values())
 
-    with tracer.start_as_current_span("weather-app") as root:
+    with _root(tracer, convention, "agent" in modes) as root:
         first = chat()
         tool_calls = first.choices[0].message.tool_calls if not stream else first[1]
         call = tool_calls[0]

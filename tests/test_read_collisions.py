@@ -46,6 +46,11 @@ def refs(served):
 
 
 def test_runs_lists_both_with_their_own_status(served, refs, capsys):
+    capsys.readouterr()
+    assert main(["runs", "--db", served.db, "--status", "error", "--agent", "nightly", "--json"]) == 0
+    assert [r["ref"] for r in json.loads(capsys.readouterr().out)] == [refs[1]]
+    assert main(["runs", "--db", served.db, "--session", "day-1", "--source", "agenttape", "--json"]) == 0
+    assert [r["ref"] for r in json.loads(capsys.readouterr().out)] == [refs[0]]
     rows = [r for r in _runs(served, capsys) if r["run_id"] == "nightly-report"]
     assert sorted(r["ref"] for r in rows) == sorted(refs)
     assert {r["session_id"]: (r["status"], r["tool_calls"], r["errors"]) for r in rows} == {
@@ -110,3 +115,8 @@ def test_the_api_raises_ambiguous_with_candidates(served, refs):
         with pytest.raises(otel_agenttape.RunNotFound):
             tapes.run("no-such-run")
         assert [r.ref for r in tapes.session("day-2")] == [refs[1]]
+    # the running server itself, by URL and by its discovery file
+    for source in (served.url, served.db + ".serve.json"):
+        with otel_agenttape.open(source) as tapes:
+            assert sorted(r.ref for r in tapes.runs(agent="nightly").runs) == sorted(refs)
+            assert tapes.replay(refs[0])["tools"][0]["arguments"] == {"day": 1}

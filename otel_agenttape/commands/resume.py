@@ -7,18 +7,19 @@ import argparse
 import orjson
 
 from otel_agenttape.cli import CliError
-from otel_agenttape.commands.sources import open_args
-from otel_agenttape.tape.resume_index import build_resume_index
+from otel_agenttape.commands.sources import open_tapes
+from otel_agenttape.tape.refs import split_ref
 
 
 def cmd_resume_index(args: argparse.Namespace) -> int:
-    reader = open_args(args)
+    tapes = open_tapes(args)
+    run_id, _ = split_ref(args.run)
     try:
-        index = build_resume_index(reader, args.run)
-        known = len(index) > 0 or reader.query(
-            "SELECT 1 AS x FROM spans WHERE run_id = ? OR trace_id = ? LIMIT 1", [args.run, args.run]).num_rows > 0
+        index = tapes.resume_index(args.run)
+        known = len(index) > 0 or tapes.sql(
+            "SELECT 1 AS x FROM spans WHERE run_id = ? OR trace_id = ? LIMIT 1", [run_id, run_id]).num_rows > 0
     finally:
-        reader.close()
+        tapes.close()
     if not known:
         raise CliError(f"run not found: {args.run}")  # as show, replay and diff say it
     if len(index) == 0:

@@ -112,7 +112,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.json:
         print(dump_json(doc))
     elif d is None:
-        print(f"runs {doc['ref_a']} and {doc['ref_b']} match")
+        print(f"runs {doc['ref_a']} and {doc['ref_b']} match ({doc['nodes_a']} nodes)")
     else:
         print(f"runs diverge at node {d['index']} ({', '.join(d['fields'])})")
         print(f"--- {doc['ref_a']}")

@@ -19,13 +19,6 @@ from otel_agenttape import semconv as sc
 MODEL_OPS_SQL = ", ".join(f"'{op}'" for op in sorted(sc.MODEL_OPERATIONS))
 
 
-def _typed_text(expr: str) -> str:
-    return (
-        f"coalesce({expr}->>'s', {expr}->>'i', {expr}->>'d', {expr}->>'bool', "
-        f"CASE WHEN {expr} IS NOT NULL AND {expr}::VARCHAR <> '{{}}' THEN {expr}::VARCHAR END)"
-    )
-
-
 def _paths(keys: list[str]) -> str:
     return "[" + ", ".join(f"'$.\"{k}\"'" for k in keys) + "]"
 
@@ -57,7 +50,13 @@ _ROLE_KEYS = [
 
 
 def _y(i: int) -> str:
-    return _typed_text(f"y[{i}]")
+    """A string attribute (every name, id and kind these rules read is a string)."""
+    return f"(y[{i}]->>'s')"
+
+
+def _yi(i: int) -> str:
+    """An int or string attribute (token counts, session ids), as text."""
+    return f"coalesce(y[{i}]->>'i', y[{i}]->>'s')"
 
 
 def _quoted(values: object) -> str:
@@ -77,29 +76,41 @@ _SCOPE_SOURCE = (
     f"WHEN contains({_SCOPE}, 'langchain') THEN '{sc.SOURCE_LANGCHAIN}'"
 )
 
-SPAN_ROLES = f"""
-CREATE OR REPLACE VIEW span_roles AS
-WITH a AS (
-  SELECT s.trace_id, s.span_id, s.parent_span_id, s.name, s.scope_name, s.service_name,
-    s.start_time_unix_nano, s.end_time_unix_nano, s.status_code, s.status_message, s.run_id, s.node_type,
-    s.operation_name, s.agent_name, s.session_id, s.parent_run_id, s.run_status, s.request_model,
-    s.response_model, s.tool_name, s.input_tokens, s.output_tokens, s.chain_id,
-    CAST(s.attributes AS VARCHAR) AS atext,
-    json_extract(s.attributes, {_paths(_ROLE_KEYS)}) AS y,
-    (s.parent_span_id IS NULL OR s.parent_span_id = '' OR NOT EXISTS (
-       SELECT 1 FROM spans p WHERE p.trace_id = s.trace_id AND p.span_id = s.parent_span_id)) AS is_root
-  FROM spans s
+def roles_select(src: str) -> str:
+    """One row per span of ``src`` (a relation shaped like ``spans``) with its role and source.
+
+    Only spans that are not ours (no ``agenttape.run.id``, no ``agenttape.node.type``) have their JSON
+    attributes read, and only in their traces is "is this a root span" asked."""
+    cols = ("s.trace_id, s.span_id, s.parent_span_id, s.name, s.scope_name, s.service_name, "
+            "s.start_time_unix_nano, s.end_time_unix_nano, s.status_code, s.status_message, s.run_id, s.node_type, "
+            "s.operation_name, s.agent_name, s.session_id, s.parent_run_id, s.run_status, s.request_model, "
+            "s.response_model, s.tool_name, s.input_tokens, s.output_tokens, s.chain_id")
+    # two scans, so that the attributes column is read for other instrumentations' spans only
+    return f"""
+WITH src AS NOT MATERIALIZED (SELECT * FROM {src}),
+a AS (
+  SELECT {cols}, CAST(NULL AS VARCHAR) AS atext, CAST(NULL AS JSON[]) AS y
+  FROM src s WHERE s.run_id IS NOT NULL OR s.node_type IS NOT NULL
+  UNION ALL
+  SELECT {cols}, CAST(s.attributes AS VARCHAR), json_extract(s.attributes, {_paths(_ROLE_KEYS)})
+  FROM src s WHERE s.run_id IS NULL AND s.node_type IS NULL
+), ft AS (
+  SELECT DISTINCT a.trace_id, a.span_id FROM a SEMI JOIN (SELECT DISTINCT trace_id FROM a WHERE atext IS NOT NULL) f
+    ON f.trace_id = a.trace_id
 ), b AS (
-  SELECT a.*, {_y(1)} AS oi_kind, {_y(2)} AS tl_kind, {_y(3)} AS llm_request_type FROM a
+  SELECT a.*, {_y(1)} AS oi_kind, {_y(2)} AS tl_kind, {_y(3)} AS llm_request_type,
+    a.atext IS NOT NULL AND (a.parent_span_id IS NULL OR a.parent_span_id = '' OR p.span_id IS NULL) AS is_root
+  FROM a LEFT JOIN ft p ON p.trace_id = a.trace_id AND p.span_id = a.parent_span_id
 )
 SELECT trace_id, span_id, parent_span_id, name, scope_name, service_name, start_time_unix_nano,
   end_time_unix_nano, status_code, status_message, run_id, node_type, operation_name, run_status, chain_id,
-  parent_run_id, is_root, {_y(19)} AS previous_run_id,
+  parent_run_id, is_root,
   CASE
     WHEN node_type IN ('run', 'model', 'tool') THEN node_type
     WHEN operation_name IN ({RUN_OPS_SQL}) THEN 'run'
     WHEN operation_name IN ({MODEL_OPS_SQL}) THEN 'model'
     WHEN operation_name = '{sc.OP_EXECUTE_TOOL}' THEN 'tool'
+    WHEN atext IS NULL THEN 'other'
     WHEN {_OI} IN ({_quoted(sc.OI_RUN_KINDS)}) THEN 'run'
     WHEN {_OI} IN ({_quoted(sc.OI_ROOT_RUN_KINDS)}) AND is_root THEN 'run'
     WHEN {_OI} = 'LLM' THEN 'model'
@@ -116,17 +127,22 @@ SELECT trace_id, span_id, parent_span_id, name, scope_name, service_name, start_
     {_SCOPE_SOURCE}
     WHEN oi_kind IS NOT NULL THEN '{sc.SOURCE_OPENINFERENCE}'
     WHEN tl_kind IS NOT NULL OR llm_request_type IS NOT NULL OR {_INDEXED}
-      OR contains(atext, '"traceloop.') THEN '{sc.SOURCE_OPENLLMETRY}'
+      OR contains(atext, '"traceloop.') OR contains(atext, '"{sc.OPENLLMETRY_API_BASE}"')
+      OR (starts_with({_SCOPE}, 'opentelemetry.instrumentation.') AND ends_with({_SCOPE}, '{sc.OPENLLMETRY_SCOPE_SUFFIX}'))
+      THEN '{sc.SOURCE_OPENLLMETRY}'
     ELSE '{sc.SOURCE_GENAI}' END AS source,
-  coalesce(session_id, {_y(5)}, {_y(6)}, {_y(7)}, {_y(16)}) AS session_id,
+  coalesce(session_id, {_yi(5)}, {_yi(6)}, {_yi(7)}, {_yi(16)}) AS session_id,
   coalesce(agent_name, {_y(8)},
     CASE WHEN {_TL} IN ('agent', 'workflow') THEN coalesce({_y(9)}, {_y(10)}) END) AS agent_name,
   coalesce(response_model, {_y(18)}, {_y(4)}, request_model, {_y(17)}) AS model,
   coalesce(tool_name, {_y(15)}, CASE WHEN {_TL} = 'tool' THEN {_y(9)} END) AS tool_name,
-  coalesce(input_tokens, TRY_CAST({_y(13)} AS BIGINT), TRY_CAST({_y(11)} AS BIGINT)) AS input_tokens,
-  coalesce(output_tokens, TRY_CAST({_y(14)} AS BIGINT), TRY_CAST({_y(12)} AS BIGINT)) AS output_tokens
+  coalesce(input_tokens, TRY_CAST({_yi(13)} AS BIGINT), TRY_CAST({_yi(11)} AS BIGINT)) AS input_tokens,
+  coalesce(output_tokens, TRY_CAST({_yi(14)} AS BIGINT), TRY_CAST({_yi(12)} AS BIGINT)) AS output_tokens
 FROM b
 """
+
+
+SPAN_ROLES = "CREATE OR REPLACE VIEW span_roles AS " + roles_select("spans")
 
 # Node columns aggregated per run from the spans it owns (``o``: role, model, tool_name, tokens, status).
 _NODE_AGGS = """
@@ -136,10 +152,8 @@ _NODE_AGGS = """
     count(*) FILTER (WHERE o.role IN ('model', 'tool') AND o.status_code = 2) AS errors,
     CAST(sum(o.input_tokens) FILTER (WHERE o.role = 'model') AS BIGINT) AS input_tokens,
     CAST(sum(o.output_tokens) FILTER (WHERE o.role = 'model') AS BIGINT) AS output_tokens,
-    list(o.model ORDER BY o.start_time_unix_nano, o.span_id)
-      FILTER (WHERE o.role = 'model' AND o.model IS NOT NULL) AS models_all,
-    list(o.tool_name ORDER BY o.start_time_unix_nano, o.span_id)
-      FILTER (WHERE o.role = 'tool' AND o.tool_name IS NOT NULL) AS tools_all,
+    list(DISTINCT o.model) FILTER (WHERE o.role = 'model' AND o.model IS NOT NULL) AS models_all,
+    list(DISTINCT o.tool_name) FILTER (WHERE o.role = 'tool' AND o.tool_name IS NOT NULL) AS tools_all,
     arg_min(o.chain_id, o.start_time_unix_nano) FILTER (WHERE o.chain_id IS NOT NULL) AS tape_id,
     arg_min(o.session_id, o.start_time_unix_nano) FILTER (WHERE o.session_id IS NOT NULL) AS any_session,
     arg_min(o.agent_name, o.start_time_unix_nano) FILTER (WHERE o.agent_name IS NOT NULL) AS any_agent"""
@@ -150,10 +164,12 @@ def _first_seen(col: str) -> str:
     return f"list_sort(list_distinct(coalesce({col}, [])))"
 
 
-RUNS = f"""
-CREATE OR REPLACE VIEW runs AS
+def runs_select(src: str = "spans") -> str:
+    """The runs of the spans in ``src`` (``spans``, or the spans of some traces: every span of a trace
+    must be there). Parents in other traces are looked up in the whole store."""
+    return f"""
 WITH RECURSIVE
-sr AS MATERIALIZED (SELECT * FROM span_roles),
+sr AS MATERIALIZED ({roles_select(src)}),
 ours AS (
   SELECT o.run_id AS key, o.trace_id,
     count(*) FILTER (WHERE o.role = 'run') AS run_spans,
@@ -233,20 +249,28 @@ base AS (
   UNION ALL BY NAME SELECT * FROM theirs
   UNION ALL BY NAME SELECT * FROM traces
 ),
+links AS MATERIALIZED (
+  SELECT l.trace_id, l.span_id, l.link_index, l.linked_trace_id, l.linked_span_id
+  FROM span_links l SEMI JOIN (SELECT run_span, trace_id FROM base) b ON b.trace_id = l.trace_id AND b.run_span = l.span_id
+  WHERE (l.attributes->'$."{sc.PREVIOUS_RUN_ID}"') IS NULL  -- a session's next turn links the run it follows
+),
 linked AS (
   SELECT l.trace_id, l.span_id,
-    arg_min(coalesce(t.run_id, CASE WHEN t.role = 'run' THEN t.span_id END) || '@' || l.linked_trace_id,
-            l.link_index) AS link_ref
-  FROM span_links l JOIN sr t ON t.trace_id = l.linked_trace_id AND t.span_id = l.linked_span_id
-  WHERE (t.run_id IS NOT NULL OR t.role = 'run') AND NOT EXISTS (
-    SELECT 1 FROM sr me WHERE me.trace_id = l.trace_id AND me.span_id = l.span_id AND me.previous_run_id IS NOT NULL)
+    arg_min(coalesce(t.run_id, t.span_id) || '@' || l.linked_trace_id, l.link_index) AS link_ref
+  FROM links l JOIN spans t ON t.trace_id = l.linked_trace_id AND t.span_id = l.linked_span_id
+  WHERE t.run_id IS NOT NULL OR t.operation_name IN ({RUN_OPS_SQL})
   GROUP BY l.trace_id, l.span_id
+),
+keys AS (
+  SELECT run_id AS key, trace_id, min(start_time_unix_nano) AS start_ns FROM spans
+  WHERE run_id IN (SELECT parent_run_id FROM base WHERE parent_run_id IS NOT NULL)
+  GROUP BY run_id, trace_id
 ),
 parents AS (
   SELECT b.key, b.trace_id,
     arg_max(k.trace_id, struct_pack(same := k.trace_id = b.trace_id, before := k.start_ns <= b.start_ns,
                                     t := k.start_ns)) AS parent_trace
-  FROM base b JOIN base k ON k.key = b.parent_run_id
+  FROM base b JOIN keys k ON k.key = b.parent_run_id
   WHERE b.parent_run_id IS NOT NULL
   GROUP BY b.key, b.trace_id
 )
@@ -287,3 +311,6 @@ LEFT JOIN parents p ON p.key = b.key AND p.trace_id = b.trace_id
 LEFT JOIN linked lk ON lk.trace_id = b.trace_id AND lk.span_id = b.run_span AND b.parent_run_id IS NULL
   AND b.parent_key IS NULL
 """
+
+
+RUNS = "CREATE OR REPLACE VIEW runs AS " + runs_select("spans")

@@ -175,7 +175,7 @@ WITH nd AS (
   FROM spans WHERE operation_name = '{sc.OP_INVOKE_AGENT}'
 )
 SELECT run_id,
-  CAST(row_number() OVER (PARTITION BY run_id
+  CAST(row_number() OVER (PARTITION BY run_id, trace_id
         ORDER BY time_unix_nano, {_KIND_RANK}, seq NULLS FIRST, event_index NULLS FIRST, span_id) - 1
        AS BIGINT) AS step_index,
   kind, time_unix_nano, trace_id, span_id, node_type, turn_id, step, seq, event_index, name, content, status

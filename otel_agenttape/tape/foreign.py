@@ -13,16 +13,24 @@ import hashlib
 from typing import Any
 
 from .. import semconv as sc
-from .content import dump_json, maybe_json, structured, to_messages, tool_definitions
+from .content import dump_json, maybe_json, to_messages, tool_definitions
 from .load import SpanRow
 from .model import Message, Node, Usage
 
-RUN = "run"
-MODEL = "model"
-TOOL = "tool"
-OTHER = "other"
+from .flattened import _indexed_list, _legacy_messages, _oi_messages, _response_messages, unflatten  # noqa: F401
+from .roles import (  # noqa: F401 - the role names are read as foreign.RUN, foreign.classify, ...
+    MODEL,
+    OTHER,
+    RUN,
+    SESSION_KEYS,
+    TOOL,
+    _is_indexed,
+    classify,
+    convention,
+    session_of,
+    source,
+)
 
-_OI_KINDS = {"LLM": MODEL, "TOOL": TOOL}
 _LEGACY_EVENTS = {
     sc.EVENT_SYSTEM_MESSAGE: "system",
     sc.EVENT_USER_MESSAGE: "user",
@@ -36,103 +44,6 @@ LLM_REQUEST_TYPE = sc.LLM_REQUEST_TYPE
 LLM_REQUEST_FUNCTIONS = sc.LLM_REQUEST_FUNCTIONS_PREFIX
 
 
-def _is_indexed(attrs: dict[str, Any], prefix: str) -> bool:
-    return any(k.startswith(prefix) and k[len(prefix) : len(prefix) + 1].isdigit() for k in attrs)
-
-
-def convention(span: SpanRow) -> str:
-    a = span.attrs
-    if span.node_type or sc.RUN_ID in a or sc.NODE_TYPE in a:
-        return "agenttape"
-    if sc.OPENINFERENCE_SPAN_KIND in a:
-        return "openinference"
-    if (
-        sc.TRACELOOP_SPAN_KIND in a
-        or LLM_REQUEST_TYPE in a
-        or _is_indexed(a, sc.LEGACY_PROMPT_PREFIX)
-        or _is_indexed(a, sc.LEGACY_COMPLETION_PREFIX)
-    ):
-        return "openllmetry"
-    return "genai"
-
-
-def classify(span: SpanRow) -> str:
-    """run | model | tool | other, from attributes (span names differ between conventions).
-
-    The same rules, in SQL, make the ``span_roles`` view (store/runs_view.py). An OpenInference CHAIN or
-    an OpenLLMetry workflow is a run only at the root of its trace (``span.is_root``)."""
-    if span.role is None:
-        span.role = _classify(span)
-    return span.role
-
-
-def _classify(span: SpanRow) -> str:
-    a = span.attrs
-    node_type = span.node_type or a.get(sc.NODE_TYPE)
-    if node_type in (RUN, MODEL, TOOL):
-        return node_type
-    op = span.operation_name or a.get(sc.GEN_AI_OPERATION_NAME)
-    if op in sc.RUN_OPERATIONS:
-        return RUN
-    if op in sc.MODEL_OPERATIONS:
-        return MODEL
-    if op == sc.OP_EXECUTE_TOOL:
-        return TOOL
-    oi = a.get(sc.OPENINFERENCE_SPAN_KIND)
-    oi = oi.upper() if isinstance(oi, str) else None
-    if oi in sc.OI_RUN_KINDS or (oi in sc.OI_ROOT_RUN_KINDS and span.is_root):
-        return RUN
-    if oi in _OI_KINDS:
-        return _OI_KINDS[oi]
-    tl = a.get(sc.TRACELOOP_SPAN_KIND)
-    tl = tl.lower() if isinstance(tl, str) else None
-    if tl in sc.TRACELOOP_RUN_KINDS or (tl in sc.TRACELOOP_ROOT_RUN_KINDS and span.is_root):
-        return RUN
-    if tl == "tool":
-        return TOOL
-    if a.get(LLM_REQUEST_TYPE) in ("chat", "completion"):
-        return MODEL
-    if _is_indexed(a, sc.LEGACY_PROMPT_PREFIX) or _is_indexed(a, sc.LEGACY_COMPLETION_PREFIX):
-        return MODEL
-    if sc.OI_LLM_MODEL_NAME in a and _is_indexed(a, sc.OI_LLM_INPUT_MESSAGES + "."):
-        return MODEL
-    return OTHER
-
-
-def source(span: SpanRow) -> str:
-    """Which instrumentation recorded the span (the ``source`` of a run), as ``span_roles`` says."""
-    a = span.attrs
-    if span.run_id or span.node_type:
-        return sc.SOURCE_AGENTTAPE
-    scope = (span.scope_name or "").lower()
-    if "openai_agents" in scope or "openai-agents" in scope:
-        return sc.SOURCE_OPENAI_AGENTS
-    if "langgraph" in scope or ("langchain" in scope and _mentions(a, "langgraph")):
-        return sc.SOURCE_LANGGRAPH
-    if "langchain" in scope:
-        return sc.SOURCE_LANGCHAIN
-    if sc.OPENINFERENCE_SPAN_KIND in a:
-        return sc.SOURCE_OPENINFERENCE
-    if (sc.TRACELOOP_SPAN_KIND in a or LLM_REQUEST_TYPE in a or _is_indexed(a, sc.LEGACY_PROMPT_PREFIX)
-            or _is_indexed(a, sc.LEGACY_COMPLETION_PREFIX) or any(k.startswith("traceloop.") for k in a)):
-        return sc.SOURCE_OPENLLMETRY
-    return sc.SOURCE_GENAI
-
-
-def _mentions(attrs: dict[str, Any], word: str) -> bool:
-    return any(word in k or (isinstance(v, str) and word in v) for k, v in attrs.items())
-
-
-SESSION_KEYS = (sc.SESSION_ID, sc.GEN_AI_CONVERSATION_ID, sc.OI_SESSION_ID, sc.TRACELOOP_SESSION_ID,
-                sc.TRACELOOP_CONVERSATION_ID)
-
-
-def session_of(span: SpanRow) -> str | None:
-    """The session (conversation) a span names, in any convention."""
-    value = _first(span.attrs, *SESSION_KEYS)
-    return None if value is None else str(value)
-
-
 def lacks_content(span: SpanRow) -> bool:
     """A model span with no prompt on its attributes: its content may be on log records."""
     if classify(span) != MODEL:
@@ -144,133 +55,6 @@ def lacks_content(span: SpanRow) -> bool:
         or _is_indexed(a, sc.OI_LLM_INPUT_MESSAGES + ".")
         or _is_indexed(a, sc.LEGACY_PROMPT_PREFIX)
     )
-
-
-# --- flattened attributes -----------------------------------------------------------------------
-
-
-def unflatten(attrs: dict[str, Any], prefix: str) -> Any:
-    """``prefix.0.message.role=...`` -> ``[{"message": {"role": ...}}]`` (digit segments = list)."""
-    root: dict[str, Any] = {}
-    for key, value in attrs.items():
-        if not key.startswith(prefix):
-            continue
-        parts = key[len(prefix) :].split(".")
-        node: Any = root
-        ok = True
-        for p in parts[:-1]:
-            nxt = node.get(p)
-            if nxt is None:
-                nxt = node[p] = {}
-            elif not isinstance(nxt, dict):
-                ok = False
-                break
-            node = nxt
-        if ok and not isinstance(node.get(parts[-1]), dict):
-            node[parts[-1]] = value
-    return _listify(root)
-
-
-def _listify(value: Any) -> Any:
-    if isinstance(value, dict):
-        value = {k: _listify(v) for k, v in value.items()}
-        if value and all(k.isdigit() for k in value):
-            return [value[k] for k in sorted(value, key=int)]
-    return value
-
-
-def _indexed_list(attrs: dict[str, Any], prefix: str) -> list[Any]:
-    """Only the numbered entries under a prefix (``gen_ai.prompt.name`` is not a message)."""
-    tree = unflatten(attrs, prefix)
-    if isinstance(tree, list):
-        return tree
-    if isinstance(tree, dict):
-        return [tree[k] for k in sorted((k for k in tree if k.isdigit()), key=int)]
-    return []
-
-
-def _oi_messages(attrs: dict[str, Any], prefix: str) -> list[Message]:
-    raw = []
-    for entry in _indexed_list(attrs, prefix):
-        msg = entry.get("message") if isinstance(entry, dict) else None
-        if not isinstance(msg, dict):
-            continue
-        item: dict[str, Any] = {"role": msg.get("role") or "user"}
-        if msg.get("name"):
-            item["name"] = msg["name"]
-        contents = msg.get("contents")
-        if isinstance(contents, list) and msg.get("content") is None:
-            parts = []
-            for c in contents:
-                mc = c.get("message_content") if isinstance(c, dict) else None
-                if not isinstance(mc, dict):
-                    continue
-                kind = mc.get("type")
-                if kind == "text":
-                    parts.append({"type": "text", "text": mc.get("text", "")})
-                elif kind == "reasoning":
-                    parts.append({"type": "reasoning", "content": mc.get("text", "")})
-                elif kind == "image":
-                    url = (mc.get("image") or {}).get("image", {}).get("url")
-                    parts.append({"type": "uri", "modality": "image", "uri": url})
-                else:
-                    parts.append({"type": kind or "generic", **{k: v for k, v in mc.items() if k != "type"}})
-            item["content"] = parts
-        else:
-            item["content"] = msg.get("content")
-        calls = []
-        for tc in msg.get("tool_calls") or []:
-            call = tc.get("tool_call") if isinstance(tc, dict) else None
-            if isinstance(call, dict):
-                fn = call.get("function") or {}
-                calls.append(
-                    {"id": call.get("id"), "function": {"name": fn.get("name"), "arguments": fn.get("arguments")}}
-                )
-        if calls:
-            item["tool_calls"] = calls
-        if msg.get("tool_call_id"):
-            item["tool_call_id"] = msg["tool_call_id"]
-        raw.append(item)
-    return to_messages(raw)
-
-
-def _legacy_messages(attrs: dict[str, Any], prefix: str) -> list[Message]:
-    raw = []
-    for entry in _indexed_list(attrs, prefix):
-        if not isinstance(entry, dict):
-            continue
-        item: dict[str, Any] = {
-            "role": entry.get("role") or ("assistant" if prefix == sc.LEGACY_COMPLETION_PREFIX else "user"),
-            "content": entry.get("content"),
-        }
-        if entry.get("tool_call_id"):
-            item["tool_call_id"] = entry["tool_call_id"]
-        calls = [c for c in entry.get("tool_calls") or [] if isinstance(c, dict)]
-        if calls:
-            item["tool_calls"] = calls
-        if entry.get("finish_reason"):
-            item["finish_reason"] = entry["finish_reason"]
-        raw.append(item)
-    return to_messages(raw)
-
-
-def _response_messages(value: Any) -> list[Message]:
-    """Output messages from a provider response body (OpenAI chat shape or plain text)."""
-    value = structured(value)
-    if isinstance(value, dict) and isinstance(value.get("choices"), list):
-        out = []
-        for choice in value["choices"]:
-            if isinstance(choice, dict) and isinstance(choice.get("message"), dict):
-                msgs = to_messages([choice["message"]], "assistant")
-                for m in msgs:
-                    m.finish_reason = choice.get("finish_reason")
-                out.extend(msgs)
-        return out
-    if isinstance(value, (dict, list)):
-        return to_messages(value, "assistant")
-    if value is None or value == "":
-        return []
-    return [Message(role="assistant", parts=[{"type": "text", "content": str(value)}])]
 
 
 # --- log records --------------------------------------------------------------------------------

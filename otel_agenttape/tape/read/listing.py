@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...store.runs_view import runs_select
 from ..dataset import parse_since
 from ..load import Reader, _rows
 from .summary import Page, RunSummary, decode_cursor, encode_cursor
@@ -117,15 +118,26 @@ def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None =
     return Page(runs=runs, total=total, next_cursor=nxt)
 
 
+def in_traces(trace_ids: Sequence[str]) -> tuple[str, list[str]]:
+    """``runs`` computed from these traces' spans only: one run read without listing the store."""
+    marks = ", ".join("?" for _ in trace_ids)
+    return f"({runs_select(f'(SELECT * FROM spans WHERE trace_id IN ({marks}))')})", list(trace_ids)
+
+
 def by_refs(reader: Reader, refs: Sequence[str]) -> dict[str, RunSummary]:
     if not refs:
         return {}
     marks = ", ".join("?" for _ in refs)
-    traces = sorted({r.rpartition("@")[2] for r in refs})
-    tmarks = ", ".join("?" for _ in traces)
-    rows = _rows(reader, f"SELECT {RUN_COLUMNS} FROM runs WHERE trace_id IN ({tmarks}) AND ref IN ({marks})",
-                 [*traces, *refs])
+    runs, params = in_traces(sorted({r.rpartition("@")[2] for r in refs}))
+    rows = _rows(reader, f"SELECT {RUN_COLUMNS} FROM {runs} r WHERE ref IN ({marks})", [*params, *refs])
     return {r["ref"]: RunSummary.from_row(r) for r in rows}
+
+
+def trace_runs(reader: Reader, trace_id: str) -> list[dict[str, Any]]:
+    """The runs of one trace (ref, parent_ref), bare trace first, then by start."""
+    runs, params = in_traces([trace_id])
+    return _rows(reader, f"SELECT ref, parent_ref, run_id, trace_id FROM {runs} r "
+                 "ORDER BY (run_id = trace_id) DESC, start_time_unix_nano, ref", params)
 
 
 def all_matching(reader: Reader, filters: Filters, oldest_first: bool = False) -> list[RunSummary]:

@@ -13,11 +13,11 @@ from typing import IO, Any
 
 from ..dataset import DatasetResult, export_dataset
 from ..diff import diff_runs
-from ..load import Reader, _rows
+from ..load import Reader
 from ..model import Run
 from ..rebuild import reconstruct, reconstruct_tree, run_span_keys
 from ..refs import RunNotFound, resolve
-from .listing import Filters, all_matching, as_ns, by_refs, page
+from .listing import Filters, all_matching, as_ns, by_refs, page, trace_runs
 from .otlp import spans_otlp
 from .steps import step_dicts
 from .summary import Page, RunSummary
@@ -70,9 +70,7 @@ class Tapes:
         target = resolve(self.reader, ref)
         if target.key is not None:
             return target.ref
-        rows = _rows(self.reader, (
-            "SELECT ref, parent_ref FROM runs WHERE trace_id = ? ORDER BY (run_id = trace_id) DESC, "
-            "start_time_unix_nano, ref"), [target.trace_id])
+        rows = trace_runs(self.reader, target.trace_id)
         tops = [r["ref"] for r in rows
                 if not r["parent_ref"] or not r["parent_ref"].endswith("@" + target.trace_id)]
         if not tops:
@@ -133,7 +131,7 @@ class Tapes:
         a, b = self.rebuild(ref_a), self.rebuild(ref_b)
         d = diff_runs(a, b)
         return {"run_a": a.run_id, "run_b": b.run_id, "ref_a": a.ref, "ref_b": b.ref, "diverged": d is not None,
-                "first_divergence": d.to_json() if d else None}
+                "first_divergence": d.to_json() if d else None, "nodes_a": len(a.nodes), "nodes_b": len(b.nodes)}
 
     def spans_otlp(self, ref: str) -> dict[str, Any]:
         """The run's own spans as an OTLP JSON ``ExportTraceServiceRequest`` (``agenttape ingest`` takes it)."""

@@ -1,0 +1,134 @@
+"""Messages from the flattened conventions: OpenInference ``llm.*_messages.N.message.*`` attributes,
+OpenLLMetry's legacy ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*``, and provider response bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import semconv as sc
+from .content import structured, to_messages
+from .model import Message
+
+
+def unflatten(attrs: dict[str, Any], prefix: str) -> Any:
+    """``prefix.0.message.role=...`` -> ``[{"message": {"role": ...}}]`` (digit segments = list)."""
+    root: dict[str, Any] = {}
+    for key, value in attrs.items():
+        if not key.startswith(prefix):
+            continue
+        parts = key[len(prefix) :].split(".")
+        node: Any = root
+        ok = True
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            elif not isinstance(nxt, dict):
+                ok = False
+                break
+            node = nxt
+        if ok and not isinstance(node.get(parts[-1]), dict):
+            node[parts[-1]] = value
+    return _listify(root)
+
+
+def _listify(value: Any) -> Any:
+    if isinstance(value, dict):
+        value = {k: _listify(v) for k, v in value.items()}
+        if value and all(k.isdigit() for k in value):
+            return [value[k] for k in sorted(value, key=int)]
+    return value
+
+
+def _indexed_list(attrs: dict[str, Any], prefix: str) -> list[Any]:
+    """Only the numbered entries under a prefix (``gen_ai.prompt.name`` is not a message)."""
+    tree = unflatten(attrs, prefix)
+    if isinstance(tree, list):
+        return tree
+    if isinstance(tree, dict):
+        return [tree[k] for k in sorted((k for k in tree if k.isdigit()), key=int)]
+    return []
+
+
+def _oi_messages(attrs: dict[str, Any], prefix: str) -> list[Message]:
+    raw = []
+    for entry in _indexed_list(attrs, prefix):
+        msg = entry.get("message") if isinstance(entry, dict) else None
+        if not isinstance(msg, dict):
+            continue
+        item: dict[str, Any] = {"role": msg.get("role") or "user"}
+        if msg.get("name"):
+            item["name"] = msg["name"]
+        contents = msg.get("contents")
+        if isinstance(contents, list) and msg.get("content") is None:
+            parts = []
+            for c in contents:
+                mc = c.get("message_content") if isinstance(c, dict) else None
+                if not isinstance(mc, dict):
+                    continue
+                kind = mc.get("type")
+                if kind == "text":
+                    parts.append({"type": "text", "text": mc.get("text", "")})
+                elif kind == "reasoning":
+                    parts.append({"type": "reasoning", "content": mc.get("text", "")})
+                elif kind == "image":
+                    url = (mc.get("image") or {}).get("image", {}).get("url")
+                    parts.append({"type": "uri", "modality": "image", "uri": url})
+                else:
+                    parts.append({"type": kind or "generic", **{k: v for k, v in mc.items() if k != "type"}})
+            item["content"] = parts
+        else:
+            item["content"] = msg.get("content")
+        calls = []
+        for tc in msg.get("tool_calls") or []:
+            call = tc.get("tool_call") if isinstance(tc, dict) else None
+            if isinstance(call, dict):
+                fn = call.get("function") or {}
+                calls.append(
+                    {"id": call.get("id"), "function": {"name": fn.get("name"), "arguments": fn.get("arguments")}}
+                )
+        if calls:
+            item["tool_calls"] = calls
+        if msg.get("tool_call_id"):
+            item["tool_call_id"] = msg["tool_call_id"]
+        raw.append(item)
+    return to_messages(raw)
+
+
+def _legacy_messages(attrs: dict[str, Any], prefix: str) -> list[Message]:
+    raw = []
+    for entry in _indexed_list(attrs, prefix):
+        if not isinstance(entry, dict):
+            continue
+        item: dict[str, Any] = {
+            "role": entry.get("role") or ("assistant" if prefix == sc.LEGACY_COMPLETION_PREFIX else "user"),
+            "content": entry.get("content"),
+        }
+        if entry.get("tool_call_id"):
+            item["tool_call_id"] = entry["tool_call_id"]
+        calls = [c for c in entry.get("tool_calls") or [] if isinstance(c, dict)]
+        if calls:
+            item["tool_calls"] = calls
+        if entry.get("finish_reason"):
+            item["finish_reason"] = entry["finish_reason"]
+        raw.append(item)
+    return to_messages(raw)
+
+
+def _response_messages(value: Any) -> list[Message]:
+    """Output messages from a provider response body (OpenAI chat shape or plain text)."""
+    value = structured(value)
+    if isinstance(value, dict) and isinstance(value.get("choices"), list):
+        out = []
+        for choice in value["choices"]:
+            if isinstance(choice, dict) and isinstance(choice.get("message"), dict):
+                msgs = to_messages([choice["message"]], "assistant")
+                for m in msgs:
+                    m.finish_reason = choice.get("finish_reason")
+                out.extend(msgs)
+        return out
+    if isinstance(value, (dict, list)):
+        return to_messages(value, "assistant")
+    if value is None or value == "":
+        return []
+    return [Message(role="assistant", parts=[{"type": "text", "content": str(value)}])]
