@@ -70,9 +70,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     holder = read_discovery(args.db)
     if holder is not None and holder.get("pid") != os.getpid():
         raise CliError(f"{args.db} is already served by pid {holder['pid']} at {holder.get('url')}")
+    console = None
+    if not args.no_console:
+        from otel_agenttape.console.serve import ConsoleError, check_bind, receiver_app
+
+        try:
+            check_bind(args.host, args.token, args.insecure_no_auth)
+        except ConsoleError as exc:
+            raise CliError(f"{exc} (or --no-console)") from None
+        console = receiver_app(lambda: server.store, args.token)
     server = TapeServer(
         args.db,
         host=args.host,
+        http_fallback=console,
         http_port=http_port,
         grpc_port=grpc_port,
         parquet_dir=args.parquet_dir,
@@ -100,6 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         + (f"  parquet {args.parquet_dir}" if args.parquet_dir else "")
         + (f"  lake {args.lake} as {server.publisher.receiver}" if server.publisher is not None else "")
         + (f"  (replayed {server.replayed_records} WAL records)" if server.replayed_records else "")
+        + (f"  console {server.url}/" if console is not None else "")
     )
     if args.json:
         import json
@@ -436,6 +447,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="also push /metrics over OTLP/HTTP to this collector URL (env AGENTTAPE_METRICS_OTLP_ENDPOINT)")
     p.add_argument("--metrics-otlp-interval", type=float, default=15.0, metavar="SECONDS",
                    help="seconds between OTLP metric exports (default %(default)s)")
+    p.add_argument("--no-console", action="store_true", help="do not serve the web console at / and /api/")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="serve the console on a non-loopback address without a token")
     p.add_argument("--json", action="store_true", help="print the startup line as JSON")
     _lake_serve_args(p)
     p.set_defaults(func=cmd_serve)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -119,3 +120,35 @@ def serve(tapes: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: 
         asyncio.run(main())
     except SystemExit as exc:  # uvicorn exits when it cannot bind
         raise ConsoleError(f"cannot listen on {host}:{port}") from exc
+
+
+class _LazyTapes:
+    """The read model over a receiver's own store, opened at the first read (the store exists only once
+    the receiver has started, after the app is built)."""
+
+    def __init__(self, store: Callable[[], Any]) -> None:
+        self._store = store
+        self._tapes: Any = None
+        self._lock = threading.Lock()
+
+    def _open(self) -> Any:
+        with self._lock:
+            if self._tapes is None:
+                import otel_agenttape
+
+                store = self._store()
+                if store is None:
+                    raise ConsoleError("the receiver has not opened its store yet")
+                self._tapes = otel_agenttape.open(store)
+            return self._tapes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._open(), name)
+
+
+def receiver_app(store: Callable[[], Any], token: str | None) -> Any:
+    """The console as the fallback app of ``agenttape serve``'s HTTP port: ``/`` and ``/api/...`` over the
+    store the receiver writes (``store`` returns it once the receiver has started), gated by ``token``."""
+    from .app import create_app
+
+    return create_app(_LazyTapes(store), token=token)
