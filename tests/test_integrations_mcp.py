@@ -110,7 +110,7 @@ def test_mcp_server_of_an_agents_sdk_agent_joins_the_tree(recording, capsys):
 
         async def go() -> str:
             server = MCPServerStdio({"command": sys.executable, "args": [SERVER], "env": _server_env(srv.url)},
-                                    name="orders")
+                                    name="orders", client_session_timeout_seconds=120)  # a loaded CI machine
             async with server:
                 agent = Agent(name="support", instructions="Answer about orders.", model=model,
                               mcp_servers=[server])

@@ -204,7 +204,8 @@ class AgentTapeProcessor(TracingProcessor):
                 if outer is not None:
                     parent_run_id = outer.run_id
                     session = session or outer.session_id
-        if parent_run_id is None and span.trace_id not in self._roots:
+        if parent is None and handoff is None and span.trace_id not in self._roots:
+            # the trace's first agent (also when it runs inside a run of the capture API)
             self._roots.add(span.trace_id)
             run_id = str(metadata.get(RUN_ID_KEY) or span.trace_id)
         else:
