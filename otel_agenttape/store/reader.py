@@ -95,8 +95,11 @@ class ConnectionReader(Reader):
     """A reader over a DuckDB connection (a read-only file, a lake, or a writer's cursor)."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, description: str = "", kind: str = "duckdb",
-                 owns: bool = True) -> None:
+                 owns: bool = True, registered: dict[str, Any] | None = None) -> None:
         self.con = con
+        # objects registered on ``con`` (Arrow datasets of an object-store lake): a cursor does not see
+        # another connection's registrations, so ``new_cursor`` registers them again
+        self.registered = dict(registered or {})
         self.description = description
         self.kind = kind
         self._owns = owns
@@ -106,7 +109,10 @@ class ConnectionReader(Reader):
         """A connection of its own on the same database: one query on it blocks no other (``sql.py``
         runs each user query on one, inside a transaction it rolls back)."""
         with self._cursor_lock:
-            return self.con.cursor()
+            cur = self.con.cursor()
+        for name, obj in self.registered.items():
+            cur.register(name, obj)
+        return cur
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
         try:

@@ -160,8 +160,15 @@ def _plan_nodes(plan: Any) -> list[tuple[str, str | None]]:
     return out
 
 
-def check_plan(con: duckdb.DuckDBPyConnection, select_sql: str, params: Sequence[Any] | None = None) -> None:
-    """Raise ``QueryError`` when the plan of ``select_sql`` holds anything but reads."""
+# Scans of the Arrow datasets an object-store lake registers on its connection (``ConnectionReader.registered``):
+# allowed only on such a reader, where every table is one of them.
+_REGISTERED_SCANS = frozenset({"python_arrow_scan", "arrow_scan", "arrow_scan_dumb"})
+
+
+def check_plan(con: duckdb.DuckDBPyConnection, select_sql: str, params: Sequence[Any] | None = None,
+               registered_scans: bool = False) -> None:
+    """Raise ``QueryError`` when the plan of ``select_sql`` holds anything but reads (scans of registered
+    Arrow datasets count as reads only with ``registered_scans``)."""
     try:
         rows = con.sql("EXPLAIN (FORMAT JSON) " + select_sql, params=list(params) if params else None).fetchall()
     except duckdb.Error as exc:  # the caret context would point into our EXPLAIN prefix: drop it
@@ -175,7 +182,7 @@ def check_plan(con: duckdb.DuckDBPyConnection, select_sql: str, params: Sequence
             raise QueryError(f"cannot read the query plan: {exc}") from exc
         for name, fn in _plan_nodes(plan):
             if fn is not None:
-                if fn.lower() not in _READ_TABLE_FUNCTIONS:
+                if fn.lower() not in _READ_TABLE_FUNCTIONS and not (registered_scans and fn.lower() in _REGISTERED_SCANS):
                     raise QueryError(f"read-only: the table function {fn.lower()}() is refused here")
             elif name.upper() not in _READ_OPERATORS:
                 raise QueryError(f"read-only: the query would run {name} (only reads run here)")
@@ -199,7 +206,7 @@ def _run_guarded(reader: ConnectionReader, sql: str, select_sql: str, params: Se
     try:
         _ensure_locked(cur)
         cur.begin()
-        check_plan(cur, select_sql, params)
+        check_plan(cur, select_sql, params, registered_scans=bool(reader.registered))
         if timeout and timeout > 0:
             def stop() -> None:
                 fired.set()

@@ -35,8 +35,13 @@ def _table_schema(table: str) -> pa.Schema:
     return RUN_TRACES_SCHEMA if table == RUN_TRACES else rows.SCHEMAS[table]
 
 
-def scan_sql(con: duckdb.DuckDBPyConnection, lake: LakeFS, table: str, keys: Sequence[str], name: str) -> str:
-    """A ``SELECT`` over these files of one table (``date`` from the folder name for dated tables)."""
+def scan_sql(con: duckdb.DuckDBPyConnection, lake: LakeFS, table: str, keys: Sequence[str], name: str,
+             registry: dict[str, Any] | None = None) -> str:
+    """A ``SELECT`` over these files of one table (``date`` from the folder name for dated tables).
+
+    An object-store lake is a ``pyarrow`` dataset registered on ``con`` under ``name``; such a
+    registration belongs to that connection alone, so it is also kept in ``registry`` for the cursors a
+    reader opens later (``ConnectionReader.new_cursor``)."""
     cols = ", ".join(_table_schema(table).names)
     hive = table in pqlake.PARTITIONED
     if lake.local:
@@ -49,17 +54,20 @@ def scan_sql(con: duckdb.DuckDBPyConnection, lake: LakeFS, table: str, keys: Seq
         partitioning=part, partition_base_dir=lake.path(table) if hive else None,
     )
     con.register(name, dataset)
+    if registry is not None:
+        registry[name] = dataset
     return f"SELECT {cols} FROM {name}"
 
 
-def _lake_sources(con: duckdb.DuckDBPyConnection, cat: mf.Catalog, n: int, missing: set[str]) -> dict[str, str]:
+def _lake_sources(con: duckdb.DuckDBPyConnection, cat: mf.Catalog, n: int, missing: set[str],
+                  registry: dict[str, Any] | None = None) -> dict[str, str]:
     """One SQL source per table with live files in this lake (files missing from the lake are left out:
     verification reports them, reads answer from what is there)."""
     out: dict[str, str] = {}
     for table in (*schema.TABLES, RUN_TRACES):
         files = [f for f in cat.table_files(table) if f["key"] not in missing]
         if files:
-            out[table] = scan_sql(con, cat.lake, table, [f["key"] for f in files], f"_lake{n}_{table}")
+            out[table] = scan_sql(con, cat.lake, table, [f["key"] for f in files], f"_lake{n}_{table}", registry)
     return out
 
 
@@ -146,6 +154,7 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
     catalogs: list[mf.Catalog] = []
     missing: list[tuple[mf.Catalog, str]] = []
     allowed: list[str] = []
+    registry: dict[str, Any] = {}
     try:
         for n, src in enumerate(os.fspath(s) for s in sources):
             if is_lake_uri(src):
@@ -159,13 +168,13 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
                 keys = sorted(cat.files)
                 gone = {k for k, size in (lake.sizes(keys) if keys else {}).items() if size is None}
                 missing.extend((cat, k) for k in sorted(gone))
-                found = _lake_sources(con, cat, n, gone)
+                found = _lake_sources(con, cat, n, gone, registry)
             elif os.path.isfile(src):
                 found = _duckdb_sources(con, src, n)
             elif _is_export(src):  # a folder written by `export parquet` or `--parquet-dir`: no manifest
                 cat = _folder_catalog(lake_fs(src))
                 allowed.append(cat.lake.base)
-                found = _lake_sources(con, cat, n, set())
+                found = _lake_sources(con, cat, n, set(), registry)
             else:
                 raise StoreError(f"{src} is neither a lake (a folder with _manifest/, or s3://...) nor a DuckDB file")
             for t, sql in found.items():
@@ -197,7 +206,8 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
     except BaseException:
         con.close()
         raise
-    reader = ConnectionReader(con, description=", ".join(os.fspath(s) for s in sources), kind="lake")
+    reader = ConnectionReader(con, description=", ".join(os.fspath(s) for s in sources), kind="lake",
+                              registered=registry)
     reader.lakes = LakeSet(catalogs, missing)  # type: ignore[attr-defined]
     reader.run_index_view = RUN_TRACES  # type: ignore[attr-defined]
     return reader
