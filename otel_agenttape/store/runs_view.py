@@ -164,9 +164,11 @@ def _first_seen(col: str) -> str:
     return f"list_sort(list_distinct(coalesce({col}, [])))"
 
 
-def runs_select(src: str = "spans") -> str:
+def runs_select(src: str = "spans", *, ours: bool = True) -> str:
     """The runs of the spans in ``src`` (``spans``, or the spans of some traces: every span of a trace
-    must be there). Parents in other traces are looked up in the whole store."""
+    must be there). Parents in other traces are looked up in the whole store. ``ours=False`` leaves out
+    agenttape runs (those ``run_keys_select`` lists from promoted columns alone)."""
+    ours_only = "" if ours else " AND false"
     return f"""
 WITH RECURSIVE
 sr AS MATERIALIZED ({roles_select(src)}),
@@ -191,7 +193,7 @@ ours AS (
     coalesce(arg_min(o.service_name, o.start_time_unix_nano) FILTER (WHERE o.role = 'run'),
              arg_min(o.service_name, o.start_time_unix_nano)) AS service_name,
     'agenttape' AS source,{_NODE_AGGS}
-  FROM sr o WHERE o.run_id IS NOT NULL
+  FROM sr o WHERE o.run_id IS NOT NULL{ours_only}
   GROUP BY o.run_id, o.trace_id
 ),
 ft AS MATERIALIZED (
@@ -314,3 +316,62 @@ LEFT JOIN linked lk ON lk.trace_id = b.trace_id AND lk.span_id = b.run_span AND 
 
 
 RUNS = "CREATE OR REPLACE VIEW runs AS " + runs_select("spans")
+
+
+# --- the runs' keys, cheaply: what a page is ordered and filtered by, before any run is summarised ---
+
+# The role of one of our spans (it carries promoted columns, so no attribute is read): as roles_select.
+OURS_ROLE = (
+    "CASE WHEN node_type IN ('run', 'model', 'tool') THEN node_type "
+    f"WHEN operation_name IN ({RUN_OPS_SQL}) THEN 'run' WHEN operation_name IN ({MODEL_OPS_SQL}) THEN 'model' "
+    f"WHEN operation_name = '{sc.OP_EXECUTE_TOOL}' THEN 'tool' ELSE 'other' END"
+)
+_T = "start_time_unix_nano"
+# Per agenttape run (run id, trace), the runs view's columns that filters read, by the view's rules.
+OURS_KEY_COLUMNS = {
+    "start_time_unix_nano": f"coalesce(min({_T}) FILTER (WHERE r = 'run'), min({_T}))",
+    "agent": (f"coalesce(arg_min(agent_name, {_T}) FILTER (WHERE r = 'run' AND agent_name IS NOT NULL), "
+              f"arg_min(agent_name, {_T}) FILTER (WHERE agent_name IS NOT NULL))"),
+    "status": (f"coalesce(arg_max(run_status, {_T}) FILTER (WHERE r = 'run' AND run_status IS NOT NULL), "
+               "CASE WHEN count(*) FILTER (WHERE r = 'run') = 0 THEN 'incomplete' "
+               f"WHEN coalesce(bool_or(status_code = 2) FILTER (WHERE r = 'run'), false) THEN '{sc.STATUS_ERROR}' "
+               f"ELSE '{sc.STATUS_COMPLETED}' END)"),
+    "source": f"'{sc.SOURCE_AGENTTAPE}'",
+    "session_id": (f"coalesce(arg_min(session_id, {_T}) FILTER (WHERE r = 'run'), "
+                   f"arg_min(session_id, {_T}) FILTER (WHERE session_id IS NOT NULL))"),
+    "service_name": (f"coalesce(arg_min(service_name, {_T}) FILTER (WHERE r = 'run'), "
+                     f"arg_min(service_name, {_T}))"),
+    "status_message": f"arg_max(status_message, {_T}) FILTER (WHERE r = 'run' AND status_message IS NOT NULL)",
+    # an agenttape run's models and tools are asked of its spans (ours_has), not listed for every run
+    "models": "CAST(NULL AS VARCHAR[])",
+    "tools": "CAST(NULL AS VARCHAR[])",
+}
+_SPAN_COLUMNS = ("run_id, trace_id, start_time_unix_nano, node_type, operation_name, agent_name, run_status, "
+                 "status_code, session_id, service_name, status_message")
+FOREIGN_SPANS = "(SELECT * FROM spans WHERE trace_id IN (SELECT trace_id FROM spans WHERE run_id IS NULL))"
+
+
+def run_keys_select(columns: list[str]) -> str:
+    """One row per run of the store: ``run_id``, ``trace_id``, ``ref``, ``ours`` and ``columns`` (of
+    ``OURS_KEY_COLUMNS``), with the runs view's values. Agenttape runs come from promoted columns in one
+    aggregate; only traces holding a span without a run id (other instrumentations') are summarised
+    whole, so listing a page does not summarise every run of the store."""
+    ours = ", ".join(f"{OURS_KEY_COLUMNS[c]} AS {c}" for c in columns)
+    theirs = ", ".join(columns)
+    return f"""(
+SELECT run_id, trace_id, run_id || '@' || trace_id AS ref, true AS ours, {ours}
+FROM (SELECT {_SPAN_COLUMNS}, {OURS_ROLE} AS r FROM spans WHERE run_id IS NOT NULL)
+GROUP BY run_id, trace_id
+UNION ALL
+SELECT run_id, trace_id, ref, false AS ours, {theirs}
+FROM ({runs_select(FOREIGN_SPANS, ours=False)})
+)"""
+
+
+def ours_has(column: str, role: str, c: str = "c") -> str:
+    """SQL true when the agenttape run ``c`` has a ``role`` span whose ``column`` (model | tool_name) is
+    the next parameter, as the view's ``models``/``tools`` lists say."""
+    value = "coalesce(m.response_model, m.request_model)" if column == "model" else "m.tool_name"
+    return (f"EXISTS (SELECT 1 FROM spans m WHERE m.run_id = {c}.run_id AND m.trace_id = {c}.trace_id "
+            f"AND ({OURS_ROLE.replace('node_type', 'm.node_type').replace('operation_name', 'm.operation_name')})"
+            f" = '{role}' AND {value} = ?)")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...store.runs_view import runs_select
+from ...store.runs_view import ours_has, run_keys_select, runs_select
 from ..dataset import parse_since
 from ..load import Reader, _rows
 from .summary import Page, RunSummary, decode_cursor, encode_cursor
@@ -60,6 +60,22 @@ class Filters:
     parent: str | None = None
 
     def where(self) -> tuple[str, list[Any]]:
+        """The filter over the ``runs`` view."""
+        return self._where(keys=False)
+
+    def keys_where(self) -> tuple[str, list[str], list[Any]]:
+        """The filter over ``run_keys_select`` rows (``c``), with the key columns it reads."""
+        where, params = self._where(keys=True)
+        columns = ["start_time_unix_nano"]
+        wanted = [("agent", self.agent), ("status", self.status), ("source", self.source),
+                  ("session_id", self.session), ("service_name", self.service), ("models", self.model),
+                  ("tools", self.tool)]
+        columns += [c for c, v in wanted if v is not None]
+        if self.text:
+            columns += ["agent", "session_id", "status_message", "service_name"]
+        return where, list(dict.fromkeys(columns)), params
+
+    def _where(self, keys: bool) -> tuple[str, list[Any]]:
         clauses: list[str] = []
         params: list[Any] = []
         for column, value in (("agent", self.agent), ("status", self.status), ("source", self.source),
@@ -67,12 +83,17 @@ class Filters:
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
-        if self.model is not None:
-            clauses.append("list_contains(models, ?)")
-            params.append(self.model)
-        if self.tool is not None:
-            clauses.append("list_contains(tools, ?)")
-            params.append(self.tool)
+        for column, role, listed, value in (("model", "model", "models", self.model),
+                                             ("tool", "tool", "tools", self.tool)):
+            if value is None:
+                continue
+            if keys:  # an agenttape run's spans are asked; another source's run lists them
+                clauses.append(f"CASE WHEN c.ours THEN {ours_has(column, role)} "
+                               f"ELSE list_contains(c.{listed}, ?) END")
+                params += [value, value]
+            else:
+                clauses.append(f"list_contains({listed}, ?)")
+                params.append(value)
         if self.since is not None:
             clauses.append("start_time_unix_nano >= ?")
             params.append(self.since)
@@ -92,26 +113,58 @@ class Filters:
         return (" AND ".join(clauses) or "true"), params
 
 
+# Above this many runs, the rows are taken from the whole ``runs`` view rather than trace by trace.
+MAX_TRACES = 500
+
+
+def _summaries(reader: Reader, keys: list[dict[str, Any]], order: str) -> list[dict[str, Any]]:
+    """The ``runs`` rows of these (ref, trace_id) keys, computed from their traces alone."""
+    if not keys:
+        return []
+    refs = list(dict.fromkeys(k["ref"] for k in keys))
+    runs, params = in_traces(sorted({k["trace_id"] for k in keys}))
+    marks = ", ".join("?" for _ in refs)
+    return _rows(reader, f"SELECT {RUN_COLUMNS} FROM {runs} r WHERE ref IN ({marks}) ORDER BY {order}",
+                 [*params, *refs])
+
+
 def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None = None) -> Page:
-    """One page of runs, newest first, with the count of all matching runs."""
+    """One page of runs, newest first, with the count of all matching runs.
+
+    The runs' keys are ordered, filtered and counted first (``run_keys_select``), then only the page's
+    runs are summarised, from their traces."""
     limit = int(limit)
     if not 0 < limit <= MAX_LIMIT:
         raise ValueError(f"limit: between 1 and {MAX_LIMIT}")
-    where, params = filters.where()
     after, after_params = "true", []
     if cursor:
         start, ref = decode_cursor(cursor)
         after = "(start_time_unix_nano < ? OR (start_time_unix_nano = ? AND ref < ?))"
         after_params = [start, start, ref]
-    rows = _rows(reader, (
-        f"WITH m AS MATERIALIZED (SELECT {RUN_COLUMNS} FROM runs WHERE {where}) "
-        f"SELECT *, (SELECT count(*) FROM m) AS total_matching FROM m WHERE {after} "
-        f"ORDER BY {NEWEST_FIRST} LIMIT ?"), [*params, *after_params, limit + 1])
-    if rows:
-        total = int(rows[0]["total_matching"])
+    if filters.parent is not None:  # a parent is known only once runs are summarised
+        where, params = filters.where()
+        source = f"(SELECT {RUN_COLUMNS} FROM runs WHERE {where})"
+        keys = _rows(reader, (
+            f"WITH m AS MATERIALIZED {source} "
+            f"SELECT *, (SELECT count(*) FROM m) AS total_matching FROM m WHERE {after} "
+            f"ORDER BY {NEWEST_FIRST} LIMIT ?"), [*params, *after_params, limit + 1])
+        rows = keys
     else:
+        where, columns, params = filters.keys_where()
+        keys = _rows(reader, (
+            f"WITH m AS MATERIALIZED (SELECT ref, trace_id, start_time_unix_nano FROM {run_keys_select(columns)} c "
+            f"WHERE {where}) "
+            f"SELECT *, (SELECT count(*) FROM m) AS total_matching FROM m WHERE {after} "
+            f"ORDER BY {NEWEST_FIRST} LIMIT ?"), [*params, *after_params, limit + 1])
+        rows = _summaries(reader, keys, NEWEST_FIRST)
+    if keys:
+        total = int(keys[0]["total_matching"])
+    elif filters.parent is not None:
         total = int(_rows(reader, f"SELECT count(*) AS n FROM runs WHERE {where}", params)[0]["n"])
-    more = len(rows) > limit
+    else:
+        total = int(_rows(reader, f"SELECT count(*) AS n FROM {run_keys_select(columns)} c WHERE {where}",
+                          params)[0]["n"])
+    more = len(keys) > limit
     rows = rows[:limit]
     runs = [RunSummary.from_row(r) for r in rows]
     nxt = encode_cursor(runs[-1].start_ns, runs[-1].ref) if more and runs else None
@@ -141,7 +194,13 @@ def trace_runs(reader: Reader, trace_id: str) -> list[dict[str, Any]]:
 
 
 def all_matching(reader: Reader, filters: Filters, oldest_first: bool = False) -> list[RunSummary]:
-    where, params = filters.where()
     order = "start_time_unix_nano, ref" if oldest_first else NEWEST_FIRST
+    if filters.parent is None:
+        where, columns, params = filters.keys_where()
+        keys = _rows(reader, f"SELECT ref, trace_id FROM {run_keys_select(columns)} c WHERE {where} "
+                     f"LIMIT {MAX_TRACES + 1}", params)
+        if len({k["trace_id"] for k in keys}) <= MAX_TRACES and len(keys) <= MAX_TRACES:
+            return [RunSummary.from_row(r) for r in _summaries(reader, keys, order)]
+    where, params = filters.where()
     return [RunSummary.from_row(r) for r in _rows(
         reader, f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY {order}", params)]
