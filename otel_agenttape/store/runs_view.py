@@ -76,6 +76,26 @@ _SCOPE_SOURCE = (
     f"WHEN contains({_SCOPE}, 'langchain') THEN '{sc.SOURCE_LANGCHAIN}'"
 )
 
+# The role of one of our spans (it carries promoted columns, so no attribute is read): as roles_select.
+OURS_ROLE = (
+    "CASE WHEN node_type IN ('run', 'model', 'tool') THEN node_type "
+    f"WHEN operation_name IN ({RUN_OPS_SQL}) THEN 'run' WHEN operation_name IN ({MODEL_OPS_SQL}) THEN 'model' "
+    f"WHEN operation_name = '{sc.OP_EXECUTE_TOOL}' THEN 'tool' ELSE 'other' END"
+)
+
+
+def ours_roles_select(src: str) -> str:
+    """``roles_select`` for our spans only (those with a run id): promoted columns, no attribute read."""
+    return f"""
+SELECT trace_id, span_id, parent_span_id, name, scope_name, service_name, start_time_unix_nano,
+  end_time_unix_nano, status_code, status_message, run_id, node_type, operation_name, run_status, chain_id,
+  parent_run_id, CAST(NULL AS BOOLEAN) AS is_root, {OURS_ROLE} AS role, '{sc.SOURCE_AGENTTAPE}' AS source,
+  session_id, agent_name, coalesce(response_model, request_model) AS model, tool_name, input_tokens,
+  output_tokens
+FROM {src} WHERE run_id IS NOT NULL
+"""
+
+
 def roles_select(src: str) -> str:
     """One row per span of ``src`` (a relation shaped like ``spans``) with its role and source.
 
@@ -164,14 +184,27 @@ def _first_seen(col: str) -> str:
     return f"list_sort(list_distinct(coalesce({col}, [])))"
 
 
-def runs_select(src: str = "spans", *, ours: bool = True) -> str:
+def runs_select(src: str = "spans", *, ours: bool = True, theirs: bool = True) -> str:
     """The runs of the spans in ``src`` (``spans``, or the spans of some traces: every span of a trace
     must be there). Parents in other traces are looked up in the whole store. ``ours=False`` leaves out
-    agenttape runs (those ``run_keys_select`` lists from promoted columns alone)."""
+    agenttape runs; ``theirs=False`` other instrumentations' runs and bare traces (a much smaller query,
+    exact for traces whose every span has a run id, and for the agenttape runs of any trace)."""
     ours_only = "" if ours else " AND false"
-    return f"""
+    text = _RUNS_SQL.replace("@OURS_ONLY@", ours_only)
+    if not theirs:
+        head, rest = text.split("ft AS MATERIALIZED (", 1)
+        rest = "base AS (" + rest.split("base AS (", 1)[1]
+        text = (head + rest).replace(_THEIRS_BASE, "").replace("@SR@", ours_roles_select(src))
+    return text.replace("@SR@", roles_select(src))
+
+
+_THEIRS_BASE = """
+  UNION ALL BY NAME SELECT * FROM theirs
+  UNION ALL BY NAME SELECT * FROM traces"""
+
+_RUNS_SQL = f"""
 WITH RECURSIVE
-sr AS MATERIALIZED ({roles_select(src)}),
+sr AS MATERIALIZED (@SR@),
 ours AS (
   SELECT o.run_id AS key, o.trace_id,
     count(*) FILTER (WHERE o.role = 'run') AS run_spans,
@@ -193,7 +226,7 @@ ours AS (
     coalesce(arg_min(o.service_name, o.start_time_unix_nano) FILTER (WHERE o.role = 'run'),
              arg_min(o.service_name, o.start_time_unix_nano)) AS service_name,
     'agenttape' AS source,{_NODE_AGGS}
-  FROM sr o WHERE o.run_id IS NOT NULL{ours_only}
+  FROM sr o WHERE o.run_id IS NOT NULL@OURS_ONLY@
   GROUP BY o.run_id, o.trace_id
 ),
 ft AS MATERIALIZED (
@@ -320,12 +353,6 @@ RUNS = "CREATE OR REPLACE VIEW runs AS " + runs_select("spans")
 
 # --- the runs' keys, cheaply: what a page is ordered and filtered by, before any run is summarised ---
 
-# The role of one of our spans (it carries promoted columns, so no attribute is read): as roles_select.
-OURS_ROLE = (
-    "CASE WHEN node_type IN ('run', 'model', 'tool') THEN node_type "
-    f"WHEN operation_name IN ({RUN_OPS_SQL}) THEN 'run' WHEN operation_name IN ({MODEL_OPS_SQL}) THEN 'model' "
-    f"WHEN operation_name = '{sc.OP_EXECUTE_TOOL}' THEN 'tool' ELSE 'other' END"
-)
 _T = "start_time_unix_nano"
 # Per agenttape run (run id, trace), the runs view's columns that filters read, by the view's rules.
 OURS_KEY_COLUMNS = {
@@ -351,21 +378,25 @@ _SPAN_COLUMNS = ("run_id, trace_id, start_time_unix_nano, node_type, operation_n
 FOREIGN_SPANS = "(SELECT * FROM spans WHERE trace_id IN (SELECT trace_id FROM spans WHERE run_id IS NULL))"
 
 
-def run_keys_select(columns: list[str]) -> str:
+def run_keys_select(columns: list[str], foreign: bool = True) -> str:
     """One row per run of the store: ``run_id``, ``trace_id``, ``ref``, ``ours`` and ``columns`` (of
     ``OURS_KEY_COLUMNS``), with the runs view's values. Agenttape runs come from promoted columns in one
     aggregate; only traces holding a span without a run id (other instrumentations') are summarised
-    whole, so listing a page does not summarise every run of the store."""
+    whole, and not at all with ``foreign=False`` (for a store that has no such span)."""
     ours = ", ".join(f"{OURS_KEY_COLUMNS[c]} AS {c}" for c in columns)
-    theirs = ", ".join(columns)
-    return f"""(
+    keys = f"""
 SELECT run_id, trace_id, run_id || '@' || trace_id AS ref, true AS ours, {ours}
 FROM (SELECT {_SPAN_COLUMNS}, {OURS_ROLE} AS r FROM spans WHERE run_id IS NOT NULL)
-GROUP BY run_id, trace_id
+GROUP BY run_id, trace_id"""
+    if foreign:
+        keys += f"""
 UNION ALL
-SELECT run_id, trace_id, ref, false AS ours, {theirs}
-FROM ({runs_select(FOREIGN_SPANS, ours=False)})
-)"""
+SELECT run_id, trace_id, ref, false AS ours, {", ".join(columns)}
+FROM ({runs_select(FOREIGN_SPANS, ours=False)})"""
+    return f"({keys})"
+
+
+HAS_FOREIGN = "SELECT EXISTS (SELECT 1 FROM spans WHERE run_id IS NULL) AS f"
 
 
 def ours_has(column: str, role: str, c: str = "c") -> str:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...store.runs_view import ours_has, run_keys_select, runs_select
+from ...store.runs_view import HAS_FOREIGN, ours_has, run_keys_select, runs_select
 from ..dataset import parse_since
 from ..load import Reader, _rows
 from .summary import Page, RunSummary, decode_cursor, encode_cursor
@@ -117,15 +117,41 @@ class Filters:
 MAX_TRACES = 500
 
 
-def _summaries(reader: Reader, keys: list[dict[str, Any]], order: str) -> list[dict[str, Any]]:
+def _newest_first(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (row["start_time_unix_nano"], row["ref"])
+
+
+def has_foreign(reader: Reader) -> bool:
+    """Whether the store holds a span without a run id (another instrumentation's, or a bare trace's)."""
+    return bool(_rows(reader, HAS_FOREIGN, [])[0]["f"])
+
+
+def traces_rows(reader: Reader, trace_ids: Sequence[str], columns: str, where: str = "true",
+                params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """``runs`` rows of these traces matching ``where``: agenttape runs by the small query, and only the
+    traces that hold other spans through the whole one (unordered)."""
+    ids = sorted(set(trace_ids))
+    if not ids:
+        return []
+    marks = ", ".join("?" for _ in ids)
+    foreign = [r["trace_id"] for r in _rows(
+        reader, f"SELECT DISTINCT trace_id FROM spans WHERE trace_id IN ({marks}) AND run_id IS NULL", ids)]
+    runs, run_params = in_traces(ids, theirs=False)
+    rows = _rows(reader, f"SELECT {columns} FROM {runs} r WHERE {where}", [*run_params, *params])
+    if foreign:
+        runs, run_params = in_traces(foreign, ours=False)
+        rows += _rows(reader, f"SELECT {columns} FROM {runs} r WHERE {where}", [*run_params, *params])
+    return rows
+
+
+def _summaries(reader: Reader, keys: list[dict[str, Any]], oldest_first: bool = False) -> list[dict[str, Any]]:
     """The ``runs`` rows of these (ref, trace_id) keys, computed from their traces alone."""
     if not keys:
         return []
     refs = list(dict.fromkeys(k["ref"] for k in keys))
-    runs, params = in_traces(sorted({k["trace_id"] for k in keys}))
     marks = ", ".join("?" for _ in refs)
-    return _rows(reader, f"SELECT {RUN_COLUMNS} FROM {runs} r WHERE ref IN ({marks}) ORDER BY {order}",
-                 [*params, *refs])
+    rows = traces_rows(reader, [k["trace_id"] for k in keys], RUN_COLUMNS, f"ref IN ({marks})", refs)
+    return sorted(rows, key=_newest_first, reverse=not oldest_first)
 
 
 def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None = None) -> Page:
@@ -151,18 +177,19 @@ def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None =
         rows = keys
     else:
         where, columns, params = filters.keys_where()
+        foreign = has_foreign(reader)
         keys = _rows(reader, (
-            f"WITH m AS MATERIALIZED (SELECT ref, trace_id, start_time_unix_nano FROM {run_keys_select(columns)} c "
-            f"WHERE {where}) "
+            "WITH m AS MATERIALIZED (SELECT ref, trace_id, start_time_unix_nano "
+            f"FROM {run_keys_select(columns, foreign)} c WHERE {where}) "
             f"SELECT *, (SELECT count(*) FROM m) AS total_matching FROM m WHERE {after} "
             f"ORDER BY {NEWEST_FIRST} LIMIT ?"), [*params, *after_params, limit + 1])
-        rows = _summaries(reader, keys, NEWEST_FIRST)
+        rows = _summaries(reader, keys)
     if keys:
         total = int(keys[0]["total_matching"])
     elif filters.parent is not None:
         total = int(_rows(reader, f"SELECT count(*) AS n FROM runs WHERE {where}", params)[0]["n"])
     else:
-        total = int(_rows(reader, f"SELECT count(*) AS n FROM {run_keys_select(columns)} c WHERE {where}",
+        total = int(_rows(reader, f"SELECT count(*) AS n FROM {run_keys_select(columns, foreign)} c WHERE {where}",
                           params)[0]["n"])
     more = len(keys) > limit
     rows = rows[:limit]
@@ -171,36 +198,36 @@ def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None =
     return Page(runs=runs, total=total, next_cursor=nxt)
 
 
-def in_traces(trace_ids: Sequence[str]) -> tuple[str, list[str]]:
+def in_traces(trace_ids: Sequence[str], *, ours: bool = True, theirs: bool = True) -> tuple[str, list[str]]:
     """``runs`` computed from these traces' spans only: one run read without listing the store."""
     marks = ", ".join("?" for _ in trace_ids)
-    return f"({runs_select(f'(SELECT * FROM spans WHERE trace_id IN ({marks}))')})", list(trace_ids)
+    src = f"(SELECT * FROM spans WHERE trace_id IN ({marks}))"
+    return f"({runs_select(src, ours=ours, theirs=theirs)})", list(trace_ids)
 
 
 def by_refs(reader: Reader, refs: Sequence[str]) -> dict[str, RunSummary]:
     if not refs:
         return {}
     marks = ", ".join("?" for _ in refs)
-    runs, params = in_traces(sorted({r.rpartition("@")[2] for r in refs}))
-    rows = _rows(reader, f"SELECT {RUN_COLUMNS} FROM {runs} r WHERE ref IN ({marks})", [*params, *refs])
+    rows = traces_rows(reader, [r.rpartition("@")[2] for r in refs], RUN_COLUMNS, f"ref IN ({marks})", list(refs))
     return {r["ref"]: RunSummary.from_row(r) for r in rows}
 
 
 def trace_runs(reader: Reader, trace_id: str) -> list[dict[str, Any]]:
     """The runs of one trace (ref, parent_ref), bare trace first, then by start."""
-    runs, params = in_traces([trace_id])
-    return _rows(reader, f"SELECT ref, parent_ref, run_id, trace_id FROM {runs} r "
-                 "ORDER BY (run_id = trace_id) DESC, start_time_unix_nano, ref", params)
+    rows = traces_rows(reader, [trace_id], "ref, parent_ref, run_id, trace_id, start_time_unix_nano", "true", [])
+    return sorted(rows, key=lambda r: (r["run_id"] != r["trace_id"], r["start_time_unix_nano"], r["ref"]))
 
 
 def all_matching(reader: Reader, filters: Filters, oldest_first: bool = False) -> list[RunSummary]:
     order = "start_time_unix_nano, ref" if oldest_first else NEWEST_FIRST
     if filters.parent is None:
         where, columns, params = filters.keys_where()
-        keys = _rows(reader, f"SELECT ref, trace_id FROM {run_keys_select(columns)} c WHERE {where} "
+        foreign = has_foreign(reader)
+        keys = _rows(reader, f"SELECT ref, trace_id FROM {run_keys_select(columns, foreign)} c WHERE {where} "
                      f"LIMIT {MAX_TRACES + 1}", params)
         if len({k["trace_id"] for k in keys}) <= MAX_TRACES and len(keys) <= MAX_TRACES:
-            return [RunSummary.from_row(r) for r in _summaries(reader, keys, order)]
+            return [RunSummary.from_row(r) for r in _summaries(reader, keys, oldest_first)]
     where, params = filters.where()
     return [RunSummary.from_row(r) for r in _rows(
         reader, f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY {order}", params)]
