@@ -372,7 +372,11 @@ OURS_KEY_COLUMNS = {
     # an agenttape run's models and tools are asked of its spans (ours_has), not listed for every run
     "models": "CAST(NULL AS VARCHAR[])",
     "tools": "CAST(NULL AS VARCHAR[])",
+    # the run's spans start in [span_lo, span_hi]: a bound that prunes row groups when it is summarised
+    "span_lo": f"min({_T})",
+    "span_hi": f"max({_T})",
 }
+_UNBOUNDED = ("span_lo", "span_hi")
 _SPAN_COLUMNS = ("run_id, trace_id, start_time_unix_nano, node_type, operation_name, agent_name, run_status, "
                  "status_code, session_id, service_name, status_message")
 FOREIGN_SPANS = "(SELECT * FROM spans WHERE trace_id IN (SELECT trace_id FROM spans WHERE run_id IS NULL))"
@@ -389,9 +393,10 @@ SELECT run_id, trace_id, run_id || '@' || trace_id AS ref, true AS ours, {ours}
 FROM (SELECT {_SPAN_COLUMNS}, {OURS_ROLE} AS r FROM spans WHERE run_id IS NOT NULL)
 GROUP BY run_id, trace_id"""
     if foreign:
+        theirs = ", ".join(f"CAST(NULL AS BIGINT) AS {c}" if c in _UNBOUNDED else c for c in columns)
         keys += f"""
 UNION ALL
-SELECT run_id, trace_id, ref, false AS ours, {", ".join(columns)}
+SELECT run_id, trace_id, ref, false AS ours, {theirs}
 FROM ({runs_select(FOREIGN_SPANS, ours=False)})"""
     return f"({keys})"
 

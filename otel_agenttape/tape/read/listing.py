@@ -66,7 +66,7 @@ class Filters:
     def keys_where(self) -> tuple[str, list[str], list[Any]]:
         """The filter over ``run_keys_select`` rows (``c``), with the key columns it reads."""
         where, params = self._where(keys=True)
-        columns = ["start_time_unix_nano"]
+        columns = ["start_time_unix_nano", "span_lo", "span_hi"]
         wanted = [("agent", self.agent), ("status", self.status), ("source", self.source),
                   ("session_id", self.session), ("service_name", self.service), ("models", self.model),
                   ("tools", self.tool)]
@@ -145,13 +145,30 @@ def traces_rows(reader: Reader, trace_ids: Sequence[str], columns: str, where: s
 
 
 def _summaries(reader: Reader, keys: list[dict[str, Any]], oldest_first: bool = False) -> list[dict[str, Any]]:
-    """The ``runs`` rows of these (ref, trace_id) keys, computed from their traces alone."""
-    if not keys:
-        return []
-    refs = list(dict.fromkeys(k["ref"] for k in keys))
-    marks = ", ".join("?" for _ in refs)
-    rows = traces_rows(reader, [k["trace_id"] for k in keys], RUN_COLUMNS, f"ref IN ({marks})", refs)
+    """The ``runs`` rows of these keys (``run_keys_select`` rows), computed from their spans alone: an
+    agenttape run from the spans with its run id in its trace, within the time its spans start in (so the
+    scan skips the row groups outside it); another source's from its whole trace."""
+    rows: list[dict[str, Any]] = []
+    ours = [k for k in keys if k["ours"]]
+    if ours:
+        runs = sorted({k["ref"].rpartition("@")[0] for k in ours})
+        traces = sorted({k["trace_id"] for k in ours})
+        refs = sorted({k["ref"] for k in ours})
+        lo, hi = min(k["span_lo"] for k in ours), max(k["span_hi"] for k in ours)
+        src = (f"(SELECT * FROM spans WHERE start_time_unix_nano BETWEEN {int(lo)} AND {int(hi)} "
+               f"AND trace_id IN ({_marks(traces)}) AND run_id IN ({_marks(runs)}))")
+        rows += _rows(reader, f"SELECT {RUN_COLUMNS} FROM ({runs_select(src, theirs=False)}) r "
+                      f"WHERE ref IN ({_marks(refs)})", [*traces, *runs, *refs])
+    theirs = [k for k in keys if not k["ours"]]
+    if theirs:
+        refs = sorted({k["ref"] for k in theirs})
+        sql, params = in_traces(sorted({k["trace_id"] for k in theirs}), ours=False)
+        rows += _rows(reader, f"SELECT {RUN_COLUMNS} FROM {sql} r WHERE ref IN ({_marks(refs)})", [*params, *refs])
     return sorted(rows, key=_newest_first, reverse=not oldest_first)
+
+
+def _marks(values: Sequence[Any]) -> str:
+    return ", ".join("?" for _ in values)
 
 
 def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None = None) -> Page:
@@ -179,7 +196,7 @@ def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None =
         where, columns, params = filters.keys_where()
         foreign = has_foreign(reader)
         keys = _rows(reader, (
-            "WITH m AS MATERIALIZED (SELECT ref, trace_id, start_time_unix_nano "
+            "WITH m AS MATERIALIZED (SELECT ref, trace_id, start_time_unix_nano, ours, span_lo, span_hi "
             f"FROM {run_keys_select(columns, foreign)} c WHERE {where}) "
             f"SELECT *, (SELECT count(*) FROM m) AS total_matching FROM m WHERE {after} "
             f"ORDER BY {NEWEST_FIRST} LIMIT ?"), [*params, *after_params, limit + 1])
@@ -224,7 +241,8 @@ def all_matching(reader: Reader, filters: Filters, oldest_first: bool = False) -
     if filters.parent is None:
         where, columns, params = filters.keys_where()
         foreign = has_foreign(reader)
-        keys = _rows(reader, f"SELECT ref, trace_id FROM {run_keys_select(columns, foreign)} c WHERE {where} "
+        keys = _rows(reader, "SELECT ref, trace_id, ours, span_lo, span_hi "
+                     f"FROM {run_keys_select(columns, foreign)} c WHERE {where} "
                      f"LIMIT {MAX_TRACES + 1}", params)
         if len({k["trace_id"] for k in keys}) <= MAX_TRACES and len(keys) <= MAX_TRACES:
             return [RunSummary.from_row(r) for r in _summaries(reader, keys, oldest_first)]
