@@ -6,7 +6,7 @@ They all read the ``runs`` view (store/runs_view.py), the one definition of a ru
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,21 +127,32 @@ def has_foreign(reader: Reader) -> bool:
 
 
 def traces_rows(reader: Reader, trace_ids: Sequence[str], columns: str, where: str = "true",
-                params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+                params: Sequence[Any] = (), windows: Mapping[str, tuple[int, int]] | None = None
+                ) -> list[dict[str, Any]]:
     """``runs`` rows of these traces matching ``where``: agenttape runs by the small query, and only the
-    traces that hold other spans through the whole one (unordered)."""
+    traces that hold other spans through the whole one (unordered). ``windows`` (each trace's first start
+    and last end, as ``tape.load.trace_windows`` gives them) bound the scan."""
     ids = sorted(set(trace_ids))
     if not ids:
         return []
+    window = _window(ids, windows)
     marks = ", ".join("?" for _ in ids)
     foreign = [r["trace_id"] for r in _rows(
-        reader, f"SELECT DISTINCT trace_id FROM spans WHERE trace_id IN ({marks}) AND run_id IS NULL", ids)]
-    runs, run_params = in_traces(ids, theirs=False)
+        reader, f"SELECT DISTINCT trace_id FROM spans WHERE {window}trace_id IN ({marks}) AND run_id IS NULL", ids)]
+    runs, run_params = in_traces(ids, theirs=False, window=window)
     rows = _rows(reader, f"SELECT {columns} FROM {runs} r WHERE {where}", [*run_params, *params])
     if foreign:
-        runs, run_params = in_traces(foreign, ours=False)
+        runs, run_params = in_traces(foreign, ours=False, window=window)
         rows += _rows(reader, f"SELECT {columns} FROM {runs} r WHERE {where}", [*run_params, *params])
     return rows
+
+
+def _window(ids: Sequence[str], windows: Mapping[str, tuple[int, int]] | None) -> str:
+    """A bound on start times holding every span of these traces ('' when not known for all)."""
+    if not windows or any(i not in windows for i in ids):
+        return ""
+    lo, hi = min(int(windows[i][0]) for i in ids), max(int(windows[i][1]) for i in ids)
+    return f"start_time_unix_nano BETWEEN {lo} AND {hi} AND "
 
 
 def _summaries(reader: Reader, keys: list[dict[str, Any]], oldest_first: bool = False) -> list[dict[str, Any]]:
@@ -215,24 +226,29 @@ def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None =
     return Page(runs=runs, total=total, next_cursor=nxt)
 
 
-def in_traces(trace_ids: Sequence[str], *, ours: bool = True, theirs: bool = True) -> tuple[str, list[str]]:
+def in_traces(trace_ids: Sequence[str], *, ours: bool = True, theirs: bool = True,
+              window: str = "") -> tuple[str, list[str]]:
     """``runs`` computed from these traces' spans only: one run read without listing the store."""
     marks = ", ".join("?" for _ in trace_ids)
-    src = f"(SELECT * FROM spans WHERE trace_id IN ({marks}))"
+    src = f"(SELECT * FROM spans WHERE {window}trace_id IN ({marks}))"
     return f"({runs_select(src, ours=ours, theirs=theirs)})", list(trace_ids)
 
 
-def by_refs(reader: Reader, refs: Sequence[str]) -> dict[str, RunSummary]:
+def by_refs(reader: Reader, refs: Sequence[str],
+            windows: Mapping[str, tuple[int, int]] | None = None) -> dict[str, RunSummary]:
     if not refs:
         return {}
     marks = ", ".join("?" for _ in refs)
-    rows = traces_rows(reader, [r.rpartition("@")[2] for r in refs], RUN_COLUMNS, f"ref IN ({marks})", list(refs))
+    rows = traces_rows(reader, [r.rpartition("@")[2] for r in refs], RUN_COLUMNS, f"ref IN ({marks})", list(refs),
+                       windows)
     return {r["ref"]: RunSummary.from_row(r) for r in rows}
 
 
-def trace_runs(reader: Reader, trace_id: str) -> list[dict[str, Any]]:
+def trace_runs(reader: Reader, trace_id: str,
+               windows: Mapping[str, tuple[int, int]] | None = None) -> list[dict[str, Any]]:
     """The runs of one trace (ref, parent_ref), bare trace first, then by start."""
-    rows = traces_rows(reader, [trace_id], "ref, parent_ref, run_id, trace_id, start_time_unix_nano", "true", [])
+    rows = traces_rows(reader, [trace_id], "ref, parent_ref, run_id, trace_id, start_time_unix_nano", "true", [],
+                       windows)
     return sorted(rows, key=lambda r: (r["run_id"] != r["trace_id"], r["start_time_unix_nano"], r["ref"]))
 
 
