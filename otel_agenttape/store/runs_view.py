@@ -382,16 +382,24 @@ _SPAN_COLUMNS = ("run_id, trace_id, start_time_unix_nano, node_type, operation_n
 FOREIGN_SPANS = "(SELECT * FROM spans WHERE trace_id IN (SELECT trace_id FROM spans WHERE run_id IS NULL))"
 
 
-def run_keys_select(columns: list[str], foreign: bool = True) -> str:
+def run_keys_select(columns: list[str], foreign: bool = True, narrow: str = "") -> str:
     """One row per run of the store: ``run_id``, ``trace_id``, ``ref``, ``ours`` and ``columns`` (of
     ``OURS_KEY_COLUMNS``), with the runs view's values. Agenttape runs come from promoted columns in one
     aggregate; only traces holding a span without a run id (other instrumentations') are summarised
-    whole, and not at all with ``foreign=False`` (for a store that has no such span)."""
+    whole, and not at all with ``foreign=False`` (for a store that has no such span). ``narrow``: a
+    condition on spans that every selected agenttape run has a span meeting (its agent, session or
+    service name), so that only those runs are aggregated."""
     ours = ", ".join(f"{OURS_KEY_COLUMNS[c]} AS {c}" for c in columns)
     keys = f"""
 SELECT run_id, trace_id, run_id || '@' || trace_id AS ref, true AS ours, {ours}
 FROM (SELECT {_SPAN_COLUMNS}, {OURS_ROLE} AS r FROM spans WHERE run_id IS NOT NULL)
 GROUP BY run_id, trace_id"""
+    if narrow:
+        keys = keys.replace(
+            "FROM spans WHERE run_id IS NOT NULL)",
+            "FROM spans s SEMI JOIN (SELECT DISTINCT run_id AS n_run, trace_id AS n_trace FROM spans "
+            f"WHERE run_id IS NOT NULL AND {narrow}) n ON n.n_run = s.run_id AND n.n_trace = s.trace_id "
+            "WHERE run_id IS NOT NULL)", 1)
     if foreign:
         theirs = ", ".join(f"CAST(NULL AS BIGINT) AS {c}" if c in _UNBOUNDED else c for c in columns)
         keys += f"""

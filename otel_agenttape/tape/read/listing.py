@@ -63,9 +63,23 @@ class Filters:
         """The filter over the ``runs`` view."""
         return self._where(keys=False)
 
+    def narrow(self) -> tuple[str, list[Any]]:
+        """A condition some span of every matching agenttape run meets (``run_keys_select``'s ``narrow``):
+        its agent, session and service are those of its spans."""
+        clauses, params = [], []
+        for column, value in (("agent_name", self.agent), ("session_id", self.session),
+                              ("service_name", self.service)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        return " AND ".join(clauses[:1]), params[:1]
+
     def keys_where(self) -> tuple[str, list[str], list[Any]]:
-        """The filter over ``run_keys_select`` rows (``c``), with the key columns it reads."""
+        """The filter over ``run_keys_select`` rows (``c``), with the key columns it reads; its
+        parameters start with ``narrow()``'s."""
+        narrow_params = self.narrow()[1]
         where, params = self._where(keys=True)
+        params = [*narrow_params, *params]
         columns = ["start_time_unix_nano", "span_lo", "span_hi"]
         wanted = [("agent", self.agent), ("status", self.status), ("source", self.source),
                   ("session_id", self.session), ("service_name", self.service), ("models", self.model),
@@ -208,7 +222,7 @@ def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None =
         foreign = has_foreign(reader)
         keys = _rows(reader, (
             "WITH m AS MATERIALIZED (SELECT ref, trace_id, start_time_unix_nano, ours, span_lo, span_hi "
-            f"FROM {run_keys_select(columns, foreign)} c WHERE {where}) "
+            f"FROM {run_keys_select(columns, foreign, filters.narrow()[0])} c WHERE {where}) "
             f"SELECT *, (SELECT count(*) FROM m) AS total_matching FROM m WHERE {after} "
             f"ORDER BY {NEWEST_FIRST} LIMIT ?"), [*params, *after_params, limit + 1])
         rows = _summaries(reader, keys)
@@ -217,7 +231,8 @@ def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None =
     elif filters.parent is not None:
         total = int(_rows(reader, f"SELECT count(*) AS n FROM runs WHERE {where}", params)[0]["n"])
     else:
-        total = int(_rows(reader, f"SELECT count(*) AS n FROM {run_keys_select(columns, foreign)} c WHERE {where}",
+        keys_sql = run_keys_select(columns, foreign, filters.narrow()[0])
+        total = int(_rows(reader, f"SELECT count(*) AS n FROM {keys_sql} c WHERE {where}",
                           params)[0]["n"])
     more = len(keys) > limit
     rows = rows[:limit]
@@ -258,7 +273,7 @@ def all_matching(reader: Reader, filters: Filters, oldest_first: bool = False) -
         where, columns, params = filters.keys_where()
         foreign = has_foreign(reader)
         keys = _rows(reader, "SELECT ref, trace_id, ours, span_lo, span_hi "
-                     f"FROM {run_keys_select(columns, foreign)} c WHERE {where} "
+                     f"FROM {run_keys_select(columns, foreign, filters.narrow()[0])} c WHERE {where} "
                      f"LIMIT {MAX_TRACES + 1}", params)
         if len({k["trace_id"] for k in keys}) <= MAX_TRACES and len(keys) <= MAX_TRACES:
             return [RunSummary.from_row(r) for r in _summaries(reader, keys, oldest_first)]
