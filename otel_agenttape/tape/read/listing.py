@@ -65,10 +65,11 @@ class Filters:
 
     def narrow(self) -> tuple[str, list[Any]]:
         """A condition some span of every matching agenttape run meets (``run_keys_select``'s ``narrow``):
-        its agent, session and service are those of its spans."""
+        its session and agent are those of its spans. Not the service, which most runs share: narrowing
+        by a name nearly every run has costs more than it saves (about 250 ms against 420-530 ms for
+        1,000,000 spans whose runs all have one agent; 160-250 ms against 240-285 ms for a tenth)."""
         clauses, params = [], []
-        for column, value in (("agent_name", self.agent), ("session_id", self.session),
-                              ("service_name", self.service)):
+        for column, value in (("session_id", self.session), ("agent_name", self.agent)):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
