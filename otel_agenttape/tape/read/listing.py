@@ -1,6 +1,8 @@
 """Every SQL string that reads runs: the filters of ``runs()``, one run by ref, a session's turns.
 
-They all read the ``runs`` view (store/runs_view.py), the one definition of a run.
+They all read the one definition of a run (store/runs_view.py): a page orders, filters and counts the
+runs' keys (``run_keys_select``, the view's values from cheap columns) and then computes the ``runs``
+view's rows for the page's runs alone, from their traces; a ``parent=`` filter reads the whole view.
 """
 
 from __future__ import annotations
