@@ -8,7 +8,10 @@ plus a 100-node run and a 1 + 20 tree) and times, in the same run and on the sam
 - ``Tapes.runs(limit=20)``: runs of every source with their total and cursor;
 - ``Tapes.runs(agent=..., limit=20)`` and ``Tapes.run(ref)`` (one run's summary by ref).
 
-    python bench/runs.py [--spans 200000] [--repeat 5] [--dir DIR]
+    python bench/runs.py [--spans 200000] [--repeat 5] [--dir DIR] [--reuse]
+
+``--reuse`` measures the store already in ``--dir`` (so two versions of the code can be timed in turn
+on one file).
 
 Last line: ``runs baseline_ms=A page_ms=B filtered_ms=C run_ms=D ratio=B/A``.
 """
@@ -64,15 +67,17 @@ def main() -> int:
     ap.add_argument("--spans", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--reuse", action="store_true", help="measure the store already in --dir instead of building")
     args = ap.parse_args()
     import otel_agenttape
 
     folder = args.dir or tempfile.mkdtemp(prefix="agenttape-runs-bench-")
     db = os.path.join(folder, "bench.duckdb")
-    for path in (db, db + ".wal"):
-        if os.path.exists(path):
-            os.remove(path)
-    build(db, args.spans)
+    if not (args.reuse and os.path.exists(db)):
+        for path in (db, db + ".wal"):
+            if os.path.exists(path):
+                os.remove(path)
+        build(db, args.spans)
     with otel_agenttape.open(db) as tapes:
         page = tapes.runs(limit=20)
         baseline = tapes.reader.query(BASELINE).to_pylist()

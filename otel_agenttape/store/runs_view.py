@@ -76,6 +76,26 @@ _SCOPE_SOURCE = (
     f"WHEN contains({_SCOPE}, 'langchain') THEN '{sc.SOURCE_LANGCHAIN}'"
 )
 
+# The role of one of our spans (it carries promoted columns, so no attribute is read): as roles_select.
+OURS_ROLE = (
+    "CASE WHEN node_type IN ('run', 'model', 'tool') THEN node_type "
+    f"WHEN operation_name IN ({RUN_OPS_SQL}) THEN 'run' WHEN operation_name IN ({MODEL_OPS_SQL}) THEN 'model' "
+    f"WHEN operation_name = '{sc.OP_EXECUTE_TOOL}' THEN 'tool' ELSE 'other' END"
+)
+
+
+def ours_roles_select(src: str) -> str:
+    """``roles_select`` for our spans only (those with a run id): promoted columns, no attribute read."""
+    return f"""
+SELECT trace_id, span_id, parent_span_id, name, scope_name, service_name, start_time_unix_nano,
+  end_time_unix_nano, status_code, status_message, run_id, node_type, operation_name, run_status, chain_id,
+  parent_run_id, CAST(NULL AS BOOLEAN) AS is_root, {OURS_ROLE} AS role, '{sc.SOURCE_AGENTTAPE}' AS source,
+  session_id, agent_name, coalesce(response_model, request_model) AS model, tool_name, input_tokens,
+  output_tokens
+FROM {src} WHERE run_id IS NOT NULL
+"""
+
+
 def roles_select(src: str) -> str:
     """One row per span of ``src`` (a relation shaped like ``spans``) with its role and source.
 
@@ -164,12 +184,27 @@ def _first_seen(col: str) -> str:
     return f"list_sort(list_distinct(coalesce({col}, [])))"
 
 
-def runs_select(src: str = "spans") -> str:
+def runs_select(src: str = "spans", *, ours: bool = True, theirs: bool = True) -> str:
     """The runs of the spans in ``src`` (``spans``, or the spans of some traces: every span of a trace
-    must be there). Parents in other traces are looked up in the whole store."""
-    return f"""
+    must be there). Parents in other traces are looked up in the whole store. ``ours=False`` leaves out
+    agenttape runs; ``theirs=False`` other instrumentations' runs and bare traces (a much smaller query,
+    exact for traces whose every span has a run id, and for the agenttape runs of any trace)."""
+    ours_only = "" if ours else " AND false"
+    text = _RUNS_SQL.replace("@OURS_ONLY@", ours_only)
+    if not theirs:
+        head, rest = text.split("ft AS MATERIALIZED (", 1)
+        rest = "base AS (" + rest.split("base AS (", 1)[1]
+        text = (head + rest).replace(_THEIRS_BASE, "").replace("@SR@", ours_roles_select(src))
+    return text.replace("@SR@", roles_select(src))
+
+
+_THEIRS_BASE = """
+  UNION ALL BY NAME SELECT * FROM theirs
+  UNION ALL BY NAME SELECT * FROM traces"""
+
+_RUNS_SQL = f"""
 WITH RECURSIVE
-sr AS MATERIALIZED ({roles_select(src)}),
+sr AS MATERIALIZED (@SR@),
 ours AS (
   SELECT o.run_id AS key, o.trace_id,
     count(*) FILTER (WHERE o.role = 'run') AS run_spans,
@@ -191,7 +226,7 @@ ours AS (
     coalesce(arg_min(o.service_name, o.start_time_unix_nano) FILTER (WHERE o.role = 'run'),
              arg_min(o.service_name, o.start_time_unix_nano)) AS service_name,
     'agenttape' AS source,{_NODE_AGGS}
-  FROM sr o WHERE o.run_id IS NOT NULL
+  FROM sr o WHERE o.run_id IS NOT NULL@OURS_ONLY@
   GROUP BY o.run_id, o.trace_id
 ),
 ft AS MATERIALIZED (
@@ -314,3 +349,73 @@ LEFT JOIN linked lk ON lk.trace_id = b.trace_id AND lk.span_id = b.run_span AND 
 
 
 RUNS = "CREATE OR REPLACE VIEW runs AS " + runs_select("spans")
+
+
+# --- the runs' keys, cheaply: what a page is ordered and filtered by, before any run is summarised ---
+
+_T = "start_time_unix_nano"
+# Per agenttape run (run id, trace), the runs view's columns that filters read, by the view's rules.
+OURS_KEY_COLUMNS = {
+    "start_time_unix_nano": f"coalesce(min({_T}) FILTER (WHERE r = 'run'), min({_T}))",
+    "agent": (f"coalesce(arg_min(agent_name, {_T}) FILTER (WHERE r = 'run' AND agent_name IS NOT NULL), "
+              f"arg_min(agent_name, {_T}) FILTER (WHERE agent_name IS NOT NULL))"),
+    "status": (f"coalesce(arg_max(run_status, {_T}) FILTER (WHERE r = 'run' AND run_status IS NOT NULL), "
+               "CASE WHEN count(*) FILTER (WHERE r = 'run') = 0 THEN 'incomplete' "
+               f"WHEN coalesce(bool_or(status_code = 2) FILTER (WHERE r = 'run'), false) THEN '{sc.STATUS_ERROR}' "
+               f"ELSE '{sc.STATUS_COMPLETED}' END)"),
+    "source": f"'{sc.SOURCE_AGENTTAPE}'",
+    "session_id": (f"coalesce(arg_min(session_id, {_T}) FILTER (WHERE r = 'run'), "
+                   f"arg_min(session_id, {_T}) FILTER (WHERE session_id IS NOT NULL))"),
+    "service_name": (f"coalesce(arg_min(service_name, {_T}) FILTER (WHERE r = 'run'), "
+                     f"arg_min(service_name, {_T}))"),
+    "status_message": f"arg_max(status_message, {_T}) FILTER (WHERE r = 'run' AND status_message IS NOT NULL)",
+    # an agenttape run's models and tools are asked of its spans (ours_has), not listed for every run
+    "models": "CAST(NULL AS VARCHAR[])",
+    "tools": "CAST(NULL AS VARCHAR[])",
+    # the run's spans start in [span_lo, span_hi]: a bound that prunes row groups when it is summarised
+    "span_lo": f"min({_T})",
+    "span_hi": f"max({_T})",
+}
+_UNBOUNDED = ("span_lo", "span_hi")
+_SPAN_COLUMNS = ("run_id, trace_id, start_time_unix_nano, node_type, operation_name, agent_name, run_status, "
+                 "status_code, session_id, service_name, status_message")
+FOREIGN_SPANS = "(SELECT * FROM spans WHERE trace_id IN (SELECT trace_id FROM spans WHERE run_id IS NULL))"
+
+
+def run_keys_select(columns: list[str], foreign: bool = True, narrow: str = "") -> str:
+    """One row per run of the store: ``run_id``, ``trace_id``, ``ref``, ``ours`` and ``columns`` (of
+    ``OURS_KEY_COLUMNS``), with the runs view's values. Agenttape runs come from promoted columns in one
+    aggregate; only traces holding a span without a run id (other instrumentations') are summarised
+    whole, and not at all with ``foreign=False`` (for a store that has no such span). ``narrow``: a
+    condition on spans that every selected agenttape run has a span meeting (its agent, session or
+    service name), so that only those runs are aggregated."""
+    ours = ", ".join(f"{OURS_KEY_COLUMNS[c]} AS {c}" for c in columns)
+    keys = f"""
+SELECT run_id, trace_id, run_id || '@' || trace_id AS ref, true AS ours, {ours}
+FROM (SELECT {_SPAN_COLUMNS}, {OURS_ROLE} AS r FROM spans WHERE run_id IS NOT NULL)
+GROUP BY run_id, trace_id"""
+    if narrow:
+        keys = keys.replace(
+            "FROM spans WHERE run_id IS NOT NULL)",
+            "FROM spans s SEMI JOIN (SELECT DISTINCT run_id AS n_run, trace_id AS n_trace FROM spans "
+            f"WHERE run_id IS NOT NULL AND {narrow}) n ON n.n_run = s.run_id AND n.n_trace = s.trace_id "
+            "WHERE run_id IS NOT NULL)", 1)
+    if foreign:
+        theirs = ", ".join(f"CAST(NULL AS BIGINT) AS {c}" if c in _UNBOUNDED else c for c in columns)
+        keys += f"""
+UNION ALL
+SELECT run_id, trace_id, ref, false AS ours, {theirs}
+FROM ({runs_select(FOREIGN_SPANS, ours=False)})"""
+    return f"({keys})"
+
+
+HAS_FOREIGN = "SELECT EXISTS (SELECT 1 FROM spans WHERE run_id IS NULL) AS f"
+
+
+def ours_has(column: str, role: str, c: str = "c") -> str:
+    """SQL true when the agenttape run ``c`` has a ``role`` span whose ``column`` (model | tool_name) is
+    the next parameter, as the view's ``models``/``tools`` lists say."""
+    value = "coalesce(m.response_model, m.request_model)" if column == "model" else "m.tool_name"
+    return (f"EXISTS (SELECT 1 FROM spans m WHERE m.run_id = {c}.run_id AND m.trace_id = {c}.trace_id "
+            f"AND ({OURS_ROLE.replace('node_type', 'm.node_type').replace('operation_name', 'm.operation_name')})"
+            f" = '{role}' AND {value} = ?)")

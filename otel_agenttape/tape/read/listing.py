@@ -1,16 +1,18 @@
 """Every SQL string that reads runs: the filters of ``runs()``, one run by ref, a session's turns.
 
-They all read the ``runs`` view (store/runs_view.py), the one definition of a run.
+They all read the one definition of a run (store/runs_view.py): a page orders, filters and counts the
+runs' keys (``run_keys_select``, the view's values from cheap columns) and then computes the ``runs``
+view's rows for the page's runs alone, from their traces; a ``parent=`` filter reads the whole view.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...store.runs_view import runs_select
+from ...store.runs_view import HAS_FOREIGN, ours_has, run_keys_select, runs_select
 from ..dataset import parse_since
 from ..load import Reader, _rows
 from .summary import Page, RunSummary, decode_cursor, encode_cursor
@@ -60,6 +62,37 @@ class Filters:
     parent: str | None = None
 
     def where(self) -> tuple[str, list[Any]]:
+        """The filter over the ``runs`` view."""
+        return self._where(keys=False)
+
+    def narrow(self) -> tuple[str, list[Any]]:
+        """A condition some span of every matching agenttape run meets (``run_keys_select``'s ``narrow``):
+        its session and agent are those of its spans. Not the service, which most runs share: narrowing
+        by a name nearly every run has costs more than it saves (about 250 ms against 420-530 ms for
+        1,000,000 spans whose runs all have one agent; 160-250 ms against 240-285 ms for a tenth)."""
+        clauses, params = [], []
+        for column, value in (("session_id", self.session), ("agent_name", self.agent)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        return " AND ".join(clauses[:1]), params[:1]
+
+    def keys_where(self) -> tuple[str, list[str], list[Any]]:
+        """The filter over ``run_keys_select`` rows (``c``), with the key columns it reads; its
+        parameters start with ``narrow()``'s."""
+        narrow_params = self.narrow()[1]
+        where, params = self._where(keys=True)
+        params = [*narrow_params, *params]
+        columns = ["start_time_unix_nano", "span_lo", "span_hi"]
+        wanted = [("agent", self.agent), ("status", self.status), ("source", self.source),
+                  ("session_id", self.session), ("service_name", self.service), ("models", self.model),
+                  ("tools", self.tool)]
+        columns += [c for c, v in wanted if v is not None]
+        if self.text:
+            columns += ["agent", "session_id", "status_message", "service_name"]
+        return where, list(dict.fromkeys(columns)), params
+
+    def _where(self, keys: bool) -> tuple[str, list[Any]]:
         clauses: list[str] = []
         params: list[Any] = []
         for column, value in (("agent", self.agent), ("status", self.status), ("source", self.source),
@@ -67,12 +100,17 @@ class Filters:
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
-        if self.model is not None:
-            clauses.append("list_contains(models, ?)")
-            params.append(self.model)
-        if self.tool is not None:
-            clauses.append("list_contains(tools, ?)")
-            params.append(self.tool)
+        for column, role, listed, value in (("model", "model", "models", self.model),
+                                             ("tool", "tool", "tools", self.tool)):
+            if value is None:
+                continue
+            if keys:  # an agenttape run's spans are asked; another source's run lists them
+                clauses.append(f"CASE WHEN c.ours THEN {ours_has(column, role)} "
+                               f"ELSE list_contains(c.{listed}, ?) END")
+                params += [value, value]
+            else:
+                clauses.append(f"list_contains({listed}, ?)")
+                params.append(value)
         if self.since is not None:
             clauses.append("start_time_unix_nano >= ?")
             params.append(self.since)
@@ -92,56 +130,156 @@ class Filters:
         return (" AND ".join(clauses) or "true"), params
 
 
+# Above this many runs, the rows are taken from the whole ``runs`` view rather than trace by trace.
+MAX_TRACES = 500
+
+
+def _newest_first(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (row["start_time_unix_nano"], row["ref"])
+
+
+def has_foreign(reader: Reader) -> bool:
+    """Whether the store holds a span without a run id (another instrumentation's, or a bare trace's)."""
+    return bool(_rows(reader, HAS_FOREIGN, [])[0]["f"])
+
+
+def traces_rows(reader: Reader, trace_ids: Sequence[str], columns: str, where: str = "true",
+                params: Sequence[Any] = (), windows: Mapping[str, tuple[int, int]] | None = None
+                ) -> list[dict[str, Any]]:
+    """``runs`` rows of these traces matching ``where``: agenttape runs by the small query, and only the
+    traces that hold other spans through the whole one (unordered). ``windows`` (each trace's first start
+    and last end, as ``tape.load.trace_windows`` gives them) bound the scan."""
+    ids = sorted(set(trace_ids))
+    if not ids:
+        return []
+    window = _window(ids, windows)
+    marks = ", ".join("?" for _ in ids)
+    foreign = [r["trace_id"] for r in _rows(
+        reader, f"SELECT DISTINCT trace_id FROM spans WHERE {window}trace_id IN ({marks}) AND run_id IS NULL", ids)]
+    runs, run_params = in_traces(ids, theirs=False, window=window)
+    rows = _rows(reader, f"SELECT {columns} FROM {runs} r WHERE {where}", [*run_params, *params])
+    if foreign:
+        runs, run_params = in_traces(foreign, ours=False, window=window)
+        rows += _rows(reader, f"SELECT {columns} FROM {runs} r WHERE {where}", [*run_params, *params])
+    return rows
+
+
+def _window(ids: Sequence[str], windows: Mapping[str, tuple[int, int]] | None) -> str:
+    """A bound on start times holding every span of these traces ('' when not known for all)."""
+    if not windows or any(i not in windows for i in ids):
+        return ""
+    lo, hi = min(int(windows[i][0]) for i in ids), max(int(windows[i][1]) for i in ids)
+    return f"start_time_unix_nano BETWEEN {lo} AND {hi} AND "
+
+
+def _summaries(reader: Reader, keys: list[dict[str, Any]], oldest_first: bool = False) -> list[dict[str, Any]]:
+    """The ``runs`` rows of these keys (``run_keys_select`` rows), computed from their spans alone: an
+    agenttape run from the spans with its run id in its trace, within the time its spans start in (so the
+    scan skips the row groups outside it); another source's from its whole trace."""
+    rows: list[dict[str, Any]] = []
+    ours = [k for k in keys if k["ours"]]
+    if ours:
+        runs = sorted({k["ref"].rpartition("@")[0] for k in ours})
+        traces = sorted({k["trace_id"] for k in ours})
+        refs = sorted({k["ref"] for k in ours})
+        lo, hi = min(k["span_lo"] for k in ours), max(k["span_hi"] for k in ours)
+        src = (f"(SELECT * FROM spans WHERE start_time_unix_nano BETWEEN {int(lo)} AND {int(hi)} "
+               f"AND trace_id IN ({_marks(traces)}) AND run_id IN ({_marks(runs)}))")
+        rows += _rows(reader, f"SELECT {RUN_COLUMNS} FROM ({runs_select(src, theirs=False)}) r "
+                      f"WHERE ref IN ({_marks(refs)})", [*traces, *runs, *refs])
+    theirs = [k for k in keys if not k["ours"]]
+    if theirs:
+        refs = sorted({k["ref"] for k in theirs})
+        sql, params = in_traces(sorted({k["trace_id"] for k in theirs}), ours=False)
+        rows += _rows(reader, f"SELECT {RUN_COLUMNS} FROM {sql} r WHERE ref IN ({_marks(refs)})", [*params, *refs])
+    return sorted(rows, key=_newest_first, reverse=not oldest_first)
+
+
+def _marks(values: Sequence[Any]) -> str:
+    return ", ".join("?" for _ in values)
+
+
 def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None = None) -> Page:
-    """One page of runs, newest first, with the count of all matching runs."""
+    """One page of runs, newest first, with the count of all matching runs.
+
+    The runs' keys are ordered, filtered and counted first (``run_keys_select``), then only the page's
+    runs are summarised, from their traces."""
     limit = int(limit)
     if not 0 < limit <= MAX_LIMIT:
         raise ValueError(f"limit: between 1 and {MAX_LIMIT}")
-    where, params = filters.where()
     after, after_params = "true", []
     if cursor:
         start, ref = decode_cursor(cursor)
         after = "(start_time_unix_nano < ? OR (start_time_unix_nano = ? AND ref < ?))"
         after_params = [start, start, ref]
-    rows = _rows(reader, (
-        f"WITH m AS MATERIALIZED (SELECT {RUN_COLUMNS} FROM runs WHERE {where}) "
-        f"SELECT *, (SELECT count(*) FROM m) AS total_matching FROM m WHERE {after} "
-        f"ORDER BY {NEWEST_FIRST} LIMIT ?"), [*params, *after_params, limit + 1])
-    if rows:
-        total = int(rows[0]["total_matching"])
+    if filters.parent is not None:  # a parent is known only once runs are summarised
+        where, params = filters.where()
+        source = f"(SELECT {RUN_COLUMNS} FROM runs WHERE {where})"
+        keys = _rows(reader, (
+            f"WITH m AS MATERIALIZED {source} "
+            f"SELECT *, (SELECT count(*) FROM m) AS total_matching FROM m WHERE {after} "
+            f"ORDER BY {NEWEST_FIRST} LIMIT ?"), [*params, *after_params, limit + 1])
+        rows = keys
     else:
+        where, columns, params = filters.keys_where()
+        foreign = has_foreign(reader)
+        keys = _rows(reader, (
+            "WITH m AS MATERIALIZED (SELECT ref, trace_id, start_time_unix_nano, ours, span_lo, span_hi "
+            f"FROM {run_keys_select(columns, foreign, filters.narrow()[0])} c WHERE {where}) "
+            f"SELECT *, (SELECT count(*) FROM m) AS total_matching FROM m WHERE {after} "
+            f"ORDER BY {NEWEST_FIRST} LIMIT ?"), [*params, *after_params, limit + 1])
+        rows = _summaries(reader, keys)
+    if keys:
+        total = int(keys[0]["total_matching"])
+    elif filters.parent is not None:
         total = int(_rows(reader, f"SELECT count(*) AS n FROM runs WHERE {where}", params)[0]["n"])
-    more = len(rows) > limit
+    else:
+        keys_sql = run_keys_select(columns, foreign, filters.narrow()[0])
+        total = int(_rows(reader, f"SELECT count(*) AS n FROM {keys_sql} c WHERE {where}",
+                          params)[0]["n"])
+    more = len(keys) > limit
     rows = rows[:limit]
     runs = [RunSummary.from_row(r) for r in rows]
     nxt = encode_cursor(runs[-1].start_ns, runs[-1].ref) if more and runs else None
     return Page(runs=runs, total=total, next_cursor=nxt)
 
 
-def in_traces(trace_ids: Sequence[str]) -> tuple[str, list[str]]:
+def in_traces(trace_ids: Sequence[str], *, ours: bool = True, theirs: bool = True,
+              window: str = "") -> tuple[str, list[str]]:
     """``runs`` computed from these traces' spans only: one run read without listing the store."""
     marks = ", ".join("?" for _ in trace_ids)
-    return f"({runs_select(f'(SELECT * FROM spans WHERE trace_id IN ({marks}))')})", list(trace_ids)
+    src = f"(SELECT * FROM spans WHERE {window}trace_id IN ({marks}))"
+    return f"({runs_select(src, ours=ours, theirs=theirs)})", list(trace_ids)
 
 
-def by_refs(reader: Reader, refs: Sequence[str]) -> dict[str, RunSummary]:
+def by_refs(reader: Reader, refs: Sequence[str],
+            windows: Mapping[str, tuple[int, int]] | None = None) -> dict[str, RunSummary]:
     if not refs:
         return {}
     marks = ", ".join("?" for _ in refs)
-    runs, params = in_traces(sorted({r.rpartition("@")[2] for r in refs}))
-    rows = _rows(reader, f"SELECT {RUN_COLUMNS} FROM {runs} r WHERE ref IN ({marks})", [*params, *refs])
+    rows = traces_rows(reader, [r.rpartition("@")[2] for r in refs], RUN_COLUMNS, f"ref IN ({marks})", list(refs),
+                       windows)
     return {r["ref"]: RunSummary.from_row(r) for r in rows}
 
 
-def trace_runs(reader: Reader, trace_id: str) -> list[dict[str, Any]]:
+def trace_runs(reader: Reader, trace_id: str,
+               windows: Mapping[str, tuple[int, int]] | None = None) -> list[dict[str, Any]]:
     """The runs of one trace (ref, parent_ref), bare trace first, then by start."""
-    runs, params = in_traces([trace_id])
-    return _rows(reader, f"SELECT ref, parent_ref, run_id, trace_id FROM {runs} r "
-                 "ORDER BY (run_id = trace_id) DESC, start_time_unix_nano, ref", params)
+    rows = traces_rows(reader, [trace_id], "ref, parent_ref, run_id, trace_id, start_time_unix_nano", "true", [],
+                       windows)
+    return sorted(rows, key=lambda r: (r["run_id"] != r["trace_id"], r["start_time_unix_nano"], r["ref"]))
 
 
 def all_matching(reader: Reader, filters: Filters, oldest_first: bool = False) -> list[RunSummary]:
-    where, params = filters.where()
     order = "start_time_unix_nano, ref" if oldest_first else NEWEST_FIRST
+    if filters.parent is None:
+        where, columns, params = filters.keys_where()
+        foreign = has_foreign(reader)
+        keys = _rows(reader, "SELECT ref, trace_id, ours, span_lo, span_hi "
+                     f"FROM {run_keys_select(columns, foreign, filters.narrow()[0])} c WHERE {where} "
+                     f"LIMIT {MAX_TRACES + 1}", params)
+        if len({k["trace_id"] for k in keys}) <= MAX_TRACES and len(keys) <= MAX_TRACES:
+            return [RunSummary.from_row(r) for r in _summaries(reader, keys, oldest_first)]
+    where, params = filters.where()
     return [RunSummary.from_row(r) for r in _rows(
         reader, f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY {order}", params)]

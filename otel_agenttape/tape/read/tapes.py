@@ -67,20 +67,24 @@ class Tapes:
 
     def locate(self, ref: str) -> str:
         """The ``RUN_ID@TRACE_ID`` a ref names (``RunNotFound``, ``AmbiguousRunError``)."""
+        return self._locate(ref)[0]
+
+    def _locate(self, ref: str) -> tuple[str, Any]:
+        """The full ref and the time windows of its trace (which bound the scans that summarise it)."""
         target = resolve(self.reader, ref)
         if target.key is not None:
-            return target.ref
-        rows = trace_runs(self.reader, target.trace_id)
+            return target.ref, target.windows
+        rows = trace_runs(self.reader, target.trace_id, target.windows)
         tops = [r["ref"] for r in rows
                 if not r["parent_ref"] or not r["parent_ref"].endswith("@" + target.trace_id)]
         if not tops:
             raise RunNotFound(ref)
-        return tops[0]
+        return tops[0], target.windows
 
     def run(self, ref: str) -> RunSummary:
-        """One run's summary, as ``runs()`` lists it."""
-        full = self.locate(ref)
-        found = by_refs(self.reader, [full]).get(full)
+        """One run's summary, as ``runs()`` lists it: computed from its trace's spans alone."""
+        full, windows = self._locate(ref)
+        found = by_refs(self.reader, [full], windows).get(full)
         if found is None:
             raise RunNotFound(ref)
         return found

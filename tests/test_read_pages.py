@@ -1,0 +1,110 @@
+"""A page of runs is read from the runs' keys first and only its runs are summarised: it must list what
+the ``runs`` view lists — same rows, same fields, same order and total — for every filter, on a store
+that mixes agenttape runs (complete, incomplete, a run id reused in two traces) with other sources'."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+import otel_agenttape
+from otel_agenttape.demo import run_demo
+from otel_agenttape.store.writer import Store
+from otel_agenttape.tape.load import _rows
+from otel_agenttape.tape.read import RunSummary
+from otel_agenttape.tape.read.listing import RUN_COLUMNS, Filters
+
+
+def _spans(build) -> bytes:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "mixed"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    build(provider.get_tracer("handmade"))
+    return encode_spans(exporter.get_finished_spans())
+
+
+def _others(tracer) -> None:
+    with tracer.start_as_current_span("invoke_agent planner", attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "planner",
+            "gen_ai.conversation.id": "conv-9"}):
+        with tracer.start_as_current_span("chat", attributes={
+                "gen_ai.operation.name": "chat", "gen_ai.request.model": "m-genai",
+                "gen_ai.usage.input_tokens": 5}) as span:
+            span.set_status(Status(StatusCode.ERROR, "boom"))
+        # an agenttape node inside another instrumentation's trace: its own run, in a mixed trace
+        with tracer.start_as_current_span("chat ours", attributes={
+                "agenttape.run.id": "run-mixed", "agenttape.node.type": "model", "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": "m-ours", "gen_ai.agent.name": "inner"}):
+            pass
+    with tracer.start_as_current_span("chain", attributes={"openinference.span.kind": "CHAIN",
+                                                           "session.id": "oi-9"}):
+        with tracer.start_as_current_span("tool", attributes={"openinference.span.kind": "TOOL",
+                                                              "tool.name": "grep"}):
+            pass
+    with tracer.start_as_current_span("bare", attributes={"gen_ai.operation.name": "chat",
+                                                          "gen_ai.request.model": "m-bare"}):
+        pass
+    for _ in range(2):  # a run id reused in two traces, with no run span: two incomplete runs
+        with tracer.start_as_current_span("lookup", attributes={
+                "agenttape.run.id": "run-again", "agenttape.node.type": "tool", "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "lookup", "gen_ai.agent.name": "again"}):
+            pass
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    db = str(tmp_path_factory.mktemp("mixed") / "mixed.duckdb")
+    run_demo(db)
+    store = Store(db)
+    store.write_traces([_spans(_others)])
+    store.close()
+    return db
+
+
+def _view(tapes, filters: Filters, oldest_first: bool = False) -> list[dict]:
+    where, params = filters.where()
+    order = "start_time_unix_nano, ref" if oldest_first else "start_time_unix_nano DESC, ref DESC"
+    return [RunSummary.from_row(r).to_dict()
+            for r in _rows(tapes.reader, f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY {order}", params)]
+
+
+def _paged(tapes, **kwargs) -> tuple[list[dict], set[int]]:
+    seen, totals, cursor = [], set(), None
+    while True:
+        page = tapes.runs(limit=2, cursor=cursor, **kwargs)
+        seen += [r.to_dict() for r in page.runs]
+        totals.add(page.total)
+        cursor = page.next_cursor
+        if cursor is None:
+            return seen, totals
+
+
+def test_pages_list_what_the_view_lists_for_every_filter(mixed):
+    with otel_agenttape.open(mixed) as tapes:
+        everything = _view(tapes, Filters())
+        assert {r["source"] for r in everything} >= {"agenttape", "otel-genai", "openinference"}
+        assert sum(r["ref"].startswith("run-again@") for r in everything) == 2
+        asks = [{}]
+        for name, field in (("agent", "agent"), ("status", "status"), ("source", "source"),
+                            ("session", "session_id"), ("service", "service")):
+            asks += [{name: v} for v in sorted({r[field] for r in everything if r[field] is not None})]
+        asks += [{"model": m} for m in sorted({m for r in everything for m in r["models"]})]
+        asks += [{"tool": t} for t in sorted({t for r in everything for t in r["tools"]})]
+        asks += [{"text": "boom"}, {"text": "lookup"}, {"model": "nope"},
+                 {"since": everything[len(everything) // 2]["start_ns"]},
+                 {"until": everything[len(everything) // 2]["start_ns"], "source": "agenttape"}]
+        for ask in asks:
+            expected = _view(tapes, Filters(**ask))
+            listed, totals = _paged(tapes, **ask)
+            assert listed == expected, ask
+            assert totals == {len(expected)}, ask
+        for row in everything:
+            assert tapes.run(row["ref"]).to_dict() == row, row["ref"]
+        for session in {r["session_id"] for r in everything if r["session_id"]}:
+            assert [r.to_dict() for r in tapes.session(session)] == _view(
+                tapes, Filters(session=session), oldest_first=True), session
