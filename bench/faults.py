@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -124,6 +125,20 @@ def endpoint_for(protocol: str, http_port: int, grpc_port: int) -> str:
     return f"http://127.0.0.1:{http_port}" if protocol != "grpc" else f"127.0.0.1:{grpc_port}"
 
 
+def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[str, str]:
+    """The rest of a process's output once it exits. ``communicate`` reads the pipes' file descriptors
+    and would miss lines that ``readline`` already pulled into the text buffer."""
+    if proc.stdin:
+        proc.stdin.close()
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    out = proc.stdout.read()  # to EOF: the process has exited or closed its output
+    proc.wait(timeout=timeout)
+    reader.join(timeout)
+    return out, "".join(err)
+
+
 def last_json(text: str) -> dict:
     return json.loads(text.strip().splitlines()[-1])
 
@@ -162,7 +177,7 @@ def receiver_kills(tmp: Path, t: Tally, protocol: str, runs: int, restart_s: flo
             print(f"  killed the receiver after run {done}", flush=True)
             time.sleep(restart_s)
             server, info = serve(db, hp, gp)
-        out, err = proc.communicate(timeout=600)
+        out, err = finish(proc)
         if proc.returncode:
             raise SystemExit(f"agent failed: {err}")
         stats = last_json(out)
@@ -202,7 +217,7 @@ def receiver_down(tmp: Path, t: Tally, protocol: str, runs: int, down_s: float) 
         t.recovered_s = round(time.monotonic() - back, 2)
         proc.stdin.write("\n")
         proc.stdin.flush()
-        out, err = proc.communicate(timeout=600)
+        out, err = finish(proc)
         if proc.returncode:
             raise SystemExit(f"agent failed: {err}")
         stats = last_json(out)
@@ -240,7 +255,7 @@ def agent_kill(tmp: Path, t: Tally, protocol: str, runs: int) -> None:
         kill9(first)
         part = len(set(query_keys(info["url"])))
         second = agent(endpoint, protocol, box, 0, "--wait-drained", "300")
-        out, err = second.communicate(timeout=600)
+        out, err = finish(second)
         if second.returncode:
             raise SystemExit(f"second agent failed: {err}")
         rows = query_keys(info["url"])
