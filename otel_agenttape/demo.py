@@ -235,7 +235,7 @@ def run_demo(db: str, *, out: Any = None, keep_going: bool = True) -> dict[str, 
         try:
             result = run_demo_agents(tape)
             tape.force_flush(30000)
-            tape.outbox.wait_drained(30)
+            tape.wait_delivered(30)
         finally:
             tape.shutdown()
         stats = tape.stats()

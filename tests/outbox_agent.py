@@ -65,7 +65,7 @@ def main() -> None:
         print("held " + json.dumps(tape.stats()), flush=True)
         sys.stdin.readline()
     if args.wait_drained and tape.outbox is not None:
-        tape.outbox.wait_drained(args.wait_drained)
+        tape.wait_delivered(args.wait_drained)
     if not args.no_shutdown:
         tape.shutdown()
     print(json.dumps(tape.stats()), flush=True)

@@ -112,6 +112,27 @@ class Tape:
         run = current_run()
         return inject_context(carrier, run=run) if run is not None else inject_context(carrier)
 
+    def wait_delivered(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every span ended so far has left the export queue (sent,
+        or written to the outbox) and the outbox holds nothing: True when it got there. An outbox alone
+        cannot tell, since spans still queued or in an export being retried have not reached it yet."""
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.stats()
+            settled = (s.get("spans_exported", 0) + s.get("spans_to_outbox", 0) + s.get("spans_export_failed", 0)
+                       + s.get("spans_dropped_too_large", 0) + s.get("spans_refused", 0)
+                       + s.get("spans_dropped_queue_full", 0))
+            box = self.outbox
+            if s.get("queue_length", 0) == 0 and settled >= s.get("spans_queued", 0) and (
+                    box is None or not box.backlog()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            if box is not None:
+                box.wait_drained(min(0.2, max(0.0, deadline - time.monotonic())))
+            else:
+                time.sleep(0.05)
+
     def stats(self) -> dict[str, int]:
         """Every capture counter: drops, cuts, failures, swallowed errors, queue state."""
         snapshot = self._stats.snapshot()
