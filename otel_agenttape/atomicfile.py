@@ -25,3 +25,18 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, tmp_dir: str | os
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Best-effort fsync of a folder, so a rename or a new file in it survives a crash; a folder that
+    cannot be opened or synced (some filesystems refuse) is passed over."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -34,6 +34,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from otel_agenttape.atomicfile import fsync_dir
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: lanes are not locked
@@ -264,7 +266,7 @@ class Lane:
             self._file.write(SEGMENT_MAGIC)
             self._file.flush()
             self._size = len(SEGMENT_MAGIC)
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
 
     def append(self, kind: int, items: int, payload: bytes, fsync: bool = True) -> int:
         """Append one record (fsync'd unless ``fsync`` is False); returns the bytes written."""
@@ -370,19 +372,6 @@ def _truncate(path: Path, size: int) -> None:
         f.truncate(size)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def try_lock(lane: Path) -> int | None:

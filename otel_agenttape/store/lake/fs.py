@@ -20,6 +20,8 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from otel_agenttape.atomicfile import fsync_dir
+
 _COPY_CHUNK = 8 * 1024 * 1024
 
 
@@ -126,7 +128,7 @@ class LakeFS:
                 with open(tmp, "rb") as fh:
                     os.fsync(fh.fileno())
                 os.replace(tmp, final)
-                _fsync_dir(folder)
+                fsync_dir(folder)
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
@@ -158,19 +160,6 @@ class LakeFS:
 
     def open_input(self, key: str) -> pafs.NativeFile:  # type: ignore[name-defined]
         return self.fs.open_input_file(self.path(key))
-
-
-def _fsync_dir(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def lake_fs(uri: str | os.PathLike[str], create: bool = False) -> LakeFS:
