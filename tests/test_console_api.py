@@ -245,6 +245,38 @@ def test_agenttape_console_command(demo, tmp_path):
     assert server.returncode == 0
 
 
+def test_agenttape_console_command_on_exported_files(api, tmp_path):
+    """`agenttape console FILE...`: a user sent OTLP files opens them with one command, no receiver."""
+    import gzip
+
+    client, out, folder, db = api
+    refs = refs_by_agent(client)
+    (tmp_path / "researcher.json").write_bytes(client.get(f"/runs/{refs['researcher']}/otlp").content)
+    (tmp_path / "critic.json.gz").write_bytes(gzip.compress(client.get(f"/runs/{refs['critic']}/otlp").content))
+    files = [str(tmp_path / "researcher.json"), str(tmp_path / "critic.json.gz")]
+    server = subprocess.Popen([sys.executable, "-m", "otel_agenttape", "console", *files, "--port", "0", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        line = server.stdout.readline()
+        assert line, server.stderr.read()
+        info = json.loads(line)
+        assert info["token_required"] is False and info["url"].startswith("http://127.0.0.1:")
+        body = get(info["url"] + "api/runs").json()
+        assert body["total"] == 2
+        assert sorted((r["agent"], r["ref"]) for r in body["runs"]) == [
+            ("critic", refs["critic"]), ("researcher", refs["researcher"])]
+        steps = get(info["url"] + f"api/runs/{refs['researcher']}/steps").json()["steps"]
+        assert steps == client.get(f"/runs/{refs['researcher']}/steps").json()["steps"]
+    finally:
+        server.terminate()
+        assert server.wait(20) == 0
+    # a file that is not OTLP is refused with the reason, before anything listens
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a trace")
+    proc = agenttape("console", str(bad), "--port", "0", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and "cannot open" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_the_demo_ends_with_the_console_and_serves_it(tmp_path):
     proc = agenttape("demo", "--db", str(tmp_path / "a.duckdb"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
