@@ -1,14 +1,21 @@
 """What the console tests record and how they serve it: the demo, a wide fleet, deep nesting, hostile content.
 
-Everything goes through the real capture API and OTLP exporter into a real receiver on 127.0.0.1.
+Everything goes through the real capture API and OTLP exporter into a real receiver on 127.0.0.1: an
+``agenttape serve`` process (``AgenttapeServe``), or the console app alone in a thread (``serve_console``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import otel_agenttape
@@ -20,7 +27,79 @@ FLEET_CHILDREN = 50
 
 
 def recorder(server: Any, service: str) -> Any:
-    return otel_agenttape.setup(endpoint=server.url, protocol="http/protobuf", service_name=service)
+    """A tape exporting to ``server`` (anything with ``url``, and ``token`` when it asks for one)."""
+    token = getattr(server, "token", None)
+    return otel_agenttape.setup(endpoint=server.url, protocol="http/protobuf", service_name=service,
+                                headers={"authorization": f"Bearer {token}"} if token else None)
+
+
+class AgenttapeServe:
+    """``python -m otel_agenttape serve --db DB`` on free loopback ports (HTTP, gRPC), the console on its
+    HTTP port; ``token`` gates the exports and the console alike."""
+
+    def __init__(self, db: str | Path, token: str | None = None, log: str | Path | None = None) -> None:
+        self.db, self.token = str(db), token
+        self.log = str(log or f"{db}.serve.log")
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def start(self) -> AgenttapeServe:
+        cmd = [sys.executable, "-m", "otel_agenttape", "serve", "--db", self.db, "--host", "127.0.0.1",
+               "--http-port", "0", "--grpc-port", "0", "--json"]
+        if self.token:
+            cmd += ["--token", self.token]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTAPE_")}
+        with open(self.log, "w") as err:  # a file, not a pipe nobody reads: the server never blocks on it
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            self.proc.wait(30)
+            raise RuntimeError(f"agenttape serve did not start: {Path(self.log).read_text()[-3000:]}")
+        self.url = json.loads(line)["url"].rstrip("/")
+        return self
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def export_env(self) -> dict[str, str]:
+        """Environment for another process's OTLP exporters to send here (with the token)."""
+        env = dict(os.environ)
+        if self.token:
+            env["OTEL_EXPORTER_OTLP_HEADERS"] = f"authorization=Bearer%20{self.token}"
+        return env
+
+    def metric(self, text: str, name: str) -> float:
+        return sum(float(m) for m in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+    def wait_idle(self, timeout: float = 60) -> bool:
+        """True once every span and log record the server accepted is stored (its own /metrics say so)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = httpx.get(self.url + "/metrics", headers=self.headers, timeout=30).text
+            accepted = self.metric(text, "agenttape_spans_accepted_total")
+            done = sum(self.metric(text, f"agenttape_spans_{k}_total") for k in ("stored", "duplicate", "conflicting"))
+            logs = self.metric(text, "agenttape_logs_accepted_total") - self.metric(text, "agenttape_logs_stored_total")
+            if accepted and done >= accepted and logs <= 0 and self.metric(text, "agenttape_queue_items") == 0:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(60)
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.proc = None
+
+    def __enter__(self) -> AgenttapeServe:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def record_fleet(server: Any, children: int = FLEET_CHILDREN) -> str:

@@ -1,5 +1,5 @@
 """The console's page in Debian's headless Chromium (Playwright, no browser download), against a real
-receiver on 127.0.0.1 fed by the demo, another vendor's instrumentation, a 50-child fleet, nested
+`agenttape serve` process on 127.0.0.1 (its token required) fed by the demo, another vendor's instrumentation, a 50-child fleet, nested
 children and hostile content; screenshots go to a temp folder (and /tmp/console-shots/ for review)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 
 from console_app import (
     CHROMIUM,
+    AgenttapeServe,
     CHROMIUM_ARGS,
     FLEET_CHILDREN,
     XSS_SCRIPT,
@@ -26,7 +27,6 @@ from console_app import (
     record_hostile,
     record_nested,
     recorder,
-    serve_console,
 )
 
 def get(url: str, **kwargs) -> httpx.Response:
@@ -54,42 +54,33 @@ def shots(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """A receiver holding the demo, a foreign trace, a fleet, a nested tree and a hostile run."""
+def console(tmp_path_factory):
+    """`agenttape serve --token` on free loopback ports, fed over OTLP by the demo, another vendor's
+    instrumentation (its own process), a fleet, a nested tree and a hostile run; the page is its console."""
     from otel_agenttape.demo import run_demo_agents
-    from otel_agenttape.receiver.server import TapeServer
     from tape_fakeopenai import FakeOpenAI
 
-    db = str(tmp_path_factory.mktemp("console") / "tapes.duckdb")
-    server = TapeServer(db, host="127.0.0.1", http_port=0, grpc_port=0, grpc_enabled=False)
-    server.start()
-    tape = recorder(server, "agenttape-demo")
+    folder = tmp_path_factory.mktemp("console")
+    server = AgenttapeServe(folder / "tapes.duckdb", token=TOKEN).start()
     try:
-        demo = run_demo_agents(tape)
+        tape = recorder(server, "agenttape-demo")
+        try:
+            demo = run_demo_agents(tape)
+        finally:
+            tape.shutdown()
+        env = server.export_env()
+        env["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+        with FakeOpenAI() as fake:
+            proc = subprocess.run([sys.executable, str(HERE / "tape_foreign_app.py"), "openinference", server.url,
+                                   fake.base_url], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        foreign_trace = proc.stdout.strip().splitlines()[-1]
+        ids = {"demo": demo, "foreign": foreign_trace, "fleet": record_fleet(server),
+               "nested": record_nested(server), "hostile": record_hostile(server)}
+        assert server.wait_idle(60), Path(server.log).read_text()[-3000:]
+        yield server.url, ids, server
     finally:
-        tape.shutdown()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    with FakeOpenAI() as fake:
-        proc = subprocess.run([sys.executable, str(HERE / "tape_foreign_app.py"), "openinference", server.url,
-                               fake.base_url], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    foreign_trace = proc.stdout.strip().splitlines()[-1]
-    ids = {"demo": demo, "foreign": foreign_trace, "fleet": record_fleet(server), "nested": record_nested(server),
-           "hostile": record_hostile(server)}
-    assert server.wait_idle(30)
-    yield server, ids
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def console(store):
-    from otel_agenttape.console.serve import open_tapes
-
-    server, ids = store
-    tapes = open_tapes(db=server.db)  # the receiver holds the file: reads go through it
-    with serve_console(tapes, token=TOKEN) as url:
-        yield url, ids, server
-    tapes.close()
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -348,8 +339,6 @@ def test_new_runs_appear_without_a_reload(page, console, shots):
 
 
 def test_a_tampered_store_shows_the_broken_badge(tmp_path, browser, shots):
-    from otel_agenttape.console.serve import open_tapes
-
     db = tmp_path / "demo.duckdb"
     proc = subprocess.run([sys.executable, "-m", "otel_agenttape", "demo", "--db", str(db), "--json"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -361,22 +350,19 @@ def test_a_tampered_store_shows_the_broken_badge(tmp_path, browser, shots):
         "'OTLP collector load balancing') RETURNING span_id").fetchall()
     con.close()
     assert len(changed) == 1
-    tapes = open_tapes(db=str(db))
-    try:
-        with serve_console(tapes) as url:
-            context = browser.new_context(viewport={"width": 1400, "height": 900})
-            pg = context.new_page()
-            pg.goto(url + "/")
-            pg.wait_for_selector("#runs .vbadge.broken")
-            badges = pg.locator("#runs .vcell").all_inner_texts()
-            assert all(b.startswith("broken at ") for b in badges), badges
-            pg.screenshot(path=str(shots / "15-tampered-runs.png"))
-            pg.click("#runs .vbadge.broken >> nth=0")
-            pg.wait_for_selector("#tapes section.tape.broken")
-            text = pg.inner_text("#tapes")
-            assert re.search(r"broken at index \d+", text)
-            assert "agenttape.ephemeral" in text  # the checkpoint's signer
-            pg.screenshot(path=str(shots / "16-tampered-verify.png"), full_page=True)
-            context.close()
-    finally:
-        tapes.close()
+    with AgenttapeServe(db) as server:  # served again, as recorded and then edited
+        url = server.url
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        pg = context.new_page()
+        pg.goto(url + "/")
+        pg.wait_for_selector("#runs .vbadge.broken")
+        badges = pg.locator("#runs .vcell").all_inner_texts()
+        assert all(b.startswith("broken at ") for b in badges), badges
+        pg.screenshot(path=str(shots / "15-tampered-runs.png"))
+        pg.click("#runs .vbadge.broken >> nth=0")
+        pg.wait_for_selector("#tapes section.tape.broken")
+        text = pg.inner_text("#tapes")
+        assert re.search(r"broken at index \d+", text)
+        assert "agenttape.ephemeral" in text  # the checkpoint's signer
+        pg.screenshot(path=str(shots / "16-tampered-verify.png"), full_page=True)
+        context.close()
