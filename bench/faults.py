@@ -11,16 +11,15 @@ with the outbox on (``tests/outbox_agent.py``). Scenarios:
    delivers the rest;
 4. if ``tests/sql_write_attempts.json`` exists (a JSON list of ``{"sql", "why"}``), each statement
    through ``agenttape sql`` against the store, with the file's sha256 before and after.
+5. the receiver-side scenarios of ``bench/faults_receiver.py`` (kill -9 inside a WAL append, an
+   uncommitted store write and a checkpoint; a full disk and its recovery without a restart; the SQL
+   corpus through a running server), added to the counts.
 
 ``lost`` counts spans the agent recorded (or the outbox held) that the store lacks, ``duplicated``
 rows beyond one per span id, ``outbox_lost`` spans an outbox held that never arrived, ``sql_writes``
 statements after which the store file changed.
 
     python bench/faults.py [--quick] [--runs N] [--down-s S] [--restart-s S] [--protocol grpc]
-
-5. the receiver-side scenarios of ``bench/faults_receiver.py`` (kill -9 inside a WAL append, an
-   uncommitted store write and a checkpoint; a full disk and its recovery without a restart; the SQL
-   corpus through a running server), added to the counts.
 
 Last line: ``faults acked=N lost=0 duplicated=0 sql_writes=0 outbox_lost=0 recovered_s=X
 disk_full_recovered_s=Y restart_s=Z``.

@@ -78,6 +78,8 @@ def test_injected_enospc_fails_only_while_full_and_recovers_without_restart(tmp_
     finally:
         code, err = stop(proc)
     assert code == 0, err
+    assert "no transaction is active" not in err
+    assert "No space left on device" in err  # the real cause is logged, not a rollback error
 
 
 def _mount_tmpfs(where: Path, size: str = "8m") -> bool:
@@ -111,7 +113,10 @@ def test_a_full_tmpfs_then_space_back(tmp_path, wal_elsewhere):
         acked: set = set()
         refused = []
         with httpx.Client(timeout=30) as c:
-            for _ in range(60):
+            # the store's writes fail a moment after the data reaches it (its writer batches), so keep
+            # sending for a bounded time rather than a fixed number of requests
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
                 req = trace_request(40, attrs={"gen_ai.input.messages": "m" * 2000})
                 code = _post(c, url, req)
                 if code == 200:
@@ -121,6 +126,8 @@ def test_a_full_tmpfs_then_space_back(tmp_path, wal_elsewhere):
                     refused.append(req)
                     if len(refused) >= 3:
                         break
+                if len(acked) > 2400:
+                    time.sleep(0.2)
             assert refused, "the disk never filled"
             assert wait_for(lambda: c.get(f"{url}/healthz").status_code == 503, 15)
             reason = c.get(f"{url}/healthz").text
