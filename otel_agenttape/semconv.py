@@ -50,6 +50,11 @@ MODEL_OPERATIONS = frozenset({"chat", "generate_content", "text_completion"})
 EVENT_INFERENCE_DETAILS = "gen_ai.client.inference.operation.details"
 
 # --- otel-agenttape (agenttape.*) -----------------------------------------------------------------
+# Instrumentation scope names: the capture tracer's marks the spans we record ourselves (sealing and the
+# export queue look for it); the checkpoint spans and the receiver's own metrics have theirs.
+SCOPE_NAME = "otel_agenttape"
+SCOPE_INTEGRITY = SCOPE_NAME + ".integrity"
+SCOPE_RECEIVER = SCOPE_NAME + ".receiver"
 RUN_ID = "agenttape.run.id"
 SESSION_ID = "agenttape.session.id"
 PARENT_RUN_ID = "agenttape.parent_run.id"

@@ -41,8 +41,6 @@ from otel_agenttape.capture.sinks import NodeSink
 from otel_agenttape.capture.stats import CaptureStats
 from otel_agenttape.capture.usage import ABSENT, Usage, parse_usage
 
-SCOPE_NAME = "otel_agenttape"
-
 _REQUEST_PARAMS = {
     "max_tokens": sc.GEN_AI_REQUEST_MAX_TOKENS,
     "max_output_tokens": sc.GEN_AI_REQUEST_MAX_TOKENS,

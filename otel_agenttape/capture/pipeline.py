@@ -24,7 +24,6 @@ from otel_agenttape.capture.export_queue import (  # noqa: F401 - re-exported
     STOP_GRACE_SECONDS,
     QueueingSpanProcessor,
 )
-from otel_agenttape.capture.listener import SCOPE_NAME
 from otel_agenttape.capture.redact import Redactor
 from otel_agenttape.capture.stats import CaptureStats
 
@@ -158,7 +157,7 @@ class RedactingSpanProcessor(ForwardingSpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         scope = span.instrumentation_scope
-        if scope is not None and scope.name == SCOPE_NAME:
+        if scope is not None and scope.name == sc.SCOPE_NAME:
             self.next_processor.on_end(span)
             return
         attrs = span.attributes or {}

@@ -46,8 +46,7 @@ from otel_agenttape.integrity.leaf import (
 from otel_agenttape.integrity.note import Signer, sign_note
 
 _log = logging.getLogger(__name__)
-SCOPE = InstrumentationScope("otel_agenttape.integrity")
-OUR_SCOPE = "otel_agenttape"
+SCOPE = InstrumentationScope(semconv.SCOPE_INTEGRITY)
 NODE_TYPES = frozenset({"model", "tool"})
 _CHAIN_ID, _CHAIN_SEQ, _CHAIN_PREV, _CHAIN_HASH, _CHAIN_EPOCH = (
     semconv.CHAIN_ID, semconv.CHAIN_SEQ, semconv.CHAIN_PREV, semconv.CHAIN_HASH, semconv.CHAIN_EPOCH)
@@ -447,7 +446,7 @@ if _native_sealing is not None and _leaf._native is not None and _leaf._native.v
 
 def _ours(span: Any) -> bool:
     scope = span.instrumentation_scope
-    return scope is not None and scope.name == OUR_SCOPE
+    return scope is not None and scope.name == semconv.SCOPE_NAME
 
 
 def _make_safe(span: ReadableSpan) -> ReadableSpan:

@@ -14,8 +14,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from otel_agenttape import semconv
 from otel_agenttape.capture.api import Run, current_run
-from otel_agenttape.capture.listener import SCOPE_NAME, CaptureListener
+from otel_agenttape.capture.listener import CaptureListener
 from otel_agenttape.capture.delivery import DEFAULT_MAX_REQUEST_BYTES
 from otel_agenttape.capture.pipeline import QueueingSpanProcessor, build_processor_chain
 from otel_agenttape.capture.propagation import inject_context
@@ -278,7 +279,7 @@ def _wire(provider: TracerProvider, *, exporter: SpanExporter | None | bool, end
         processor, queue = build_processor_chain(span_exporter, stats=stats, seal=seal, seal_options=seal_options,
                                                  redactor=redactor, queue_options=queue_options, outbox=box)
         provider.add_span_processor(processor)
-    tracer = provider.get_tracer(SCOPE_NAME, _version())
+    tracer = provider.get_tracer(semconv.SCOPE_NAME, _version())
     listener = CaptureListener(tracer, stats=stats, redactor=redactor, sinks=sinks,
                                max_payload_chars=_effective_cut(max_payload_chars, provider))
     return Tape(provider, listener, stats, processor, queue, owns_provider=owns_provider, sinks=sinks,

@@ -36,9 +36,11 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from otel_agenttape import semconv
+
 log = logging.getLogger(__name__)
 
-SCOPE = InstrumentationScope("otel_agenttape.receiver")
+SCOPE = InstrumentationScope(semconv.SCOPE_RECEIVER)
 # Prometheus family -> (OTel name, unit) where the GenAI conventions name the metric
 _OTEL_NAMES = {
     "gen_ai_client_token_usage": ("gen_ai.client.token.usage", "{token}"),
