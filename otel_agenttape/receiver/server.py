@@ -27,17 +27,13 @@ from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import DEFAULT_MAX_QUEUE_BYTES, IngestPipeline
 from otel_agenttape.receiver.service import ExportService
 from otel_agenttape.receiver.wal import WriteAheadLog
+from otel_agenttape.store.reader import discovery_path
 from otel_agenttape.store.sql import DEFAULT_QUERY_TIMEOUT
 
 DEFAULT_MAX_QUERIES = 4  # queries running at once; more wait up to _QUERY_SLOT_WAIT, then get 503
 _QUERY_SLOT_WAIT = 5.0
 
 log = logging.getLogger(__name__)
-
-
-def discovery_path(db: str | os.PathLike[str]) -> Path:
-    """Where a running server announces itself for a DuckDB file: ``<db>.serve.json``."""
-    return Path(str(db) + ".serve.json")
 
 
 def read_discovery(db: str | os.PathLike[str]) -> dict[str, Any] | None:

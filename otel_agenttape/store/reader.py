@@ -17,6 +17,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -67,9 +68,10 @@ def open_error_message(path: str, exc: BaseException) -> str:
     return f"cannot open {path}: {text}"
 
 
-def discovery_path(db_path: str) -> str:
-    """Where a running server announces itself for ``db_path``."""
-    return f"{db_path}.serve.json"
+def discovery_path(db_path: str | os.PathLike[str]) -> Path:
+    """Where a running server announces itself for a DuckDB file: ``<db>.serve.json`` (the receiver writes
+    it, readers follow it to the server)."""
+    return Path(f"{os.fspath(db_path)}.serve.json")
 
 
 class Reader:
