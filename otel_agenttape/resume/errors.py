@@ -60,10 +60,18 @@ class InDoubtError(ResumeError):
         )
 
 
-class RecordedToolError(ResumeError):
-    """Replays a tool failure that was recorded in the original run."""
+class RecordedToolError(ResumeError, RuntimeError):
+    """A tool failure recorded in the original run, raised again instead of calling the tool.
 
-    def __init__(self, error_type: str, message: str) -> None:
+    The one class for both ways a run is driven again: a resumed run (``ResumableToolExecutor``) raises
+    it with the recorded ``error_type`` and ``message``, and ``str()`` reads ``"Type: message"``; replay
+    from a tape (``otel_agenttape.tape.recorded_failure``) raises a subclass named after the recorded
+    type, whose ``str()`` is the message alone, so ``f"{type(e).__name__}: {e}"`` is the recorded text.
+    ``tool`` is the tool's name where the recording has it.
+    """
+
+    def __init__(self, error_type: str, message: str, *, tool: str | None = None) -> None:
         self.error_type = error_type
         self.message = message
-        super().__init__(f"{error_type}: {message}")
+        self.tool = tool
+        super().__init__(message if type(self).__name__ == error_type else f"{error_type}: {message}")

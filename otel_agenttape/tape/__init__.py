@@ -6,6 +6,7 @@ Everything here reads stored spans (ours or another instrumentation's) through a
 
 from __future__ import annotations
 
+from ..resume.errors import RecordedToolError
 from .cassette import Cassette, ReplayModelClient, ReplayStream, ReplayToolExecutor
 from .dataset import DatasetResult, example, export_dataset
 from .diff import RunDiff, diff_runs
@@ -14,7 +15,6 @@ from .rebuild import iter_runs, reconstruct, reconstruct_tree
 from .refs import AmbiguousRunError, RunNotFound
 from .replay import (
     ModelResult,
-    RecordedToolError,
     TruncatedPayloadError,
     recorded_failure,
     replay_model_live,

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..resume.errors import DivergenceError, UnrecordedCallError
+from ..resume.errors import DivergenceError, RecordedToolError, UnrecordedCallError
 from ..resume.keys import request_diff
 from .content import maybe_json, to_messages
 from .model import Node, Run
 from .rebuild import reconstruct, reconstruct_tree
-from .replay import ModelResult, RecordedToolError, replay_model_mock, replay_tool_mock
+from .replay import ModelResult, replay_model_mock, replay_tool_mock
 
 MODEL = "model"
 TOOL = "tool"

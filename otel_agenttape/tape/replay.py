@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import semconv as sc
+from ..resume.errors import RecordedToolError
 from .content import maybe_json, openai_tools, to_messages
 from .model import Node, ToolCall, Usage
 
@@ -152,15 +153,6 @@ def replay_tool_mock(node: Node) -> Any:
     return node.result
 
 
-class RecordedToolError(RuntimeError):
-    """The recorded tool call failed; replay raises the same failure (``str`` = the recorded message)."""
-
-    def __init__(self, tool: str | None, message: str) -> None:
-        super().__init__(message)
-        self.tool = tool
-        self.error = message
-
-
 def recorded_failure(tool: str | None, error: str) -> Exception:
     """The exception a tool raised, rebuilt from its recorded ``"Type: message"`` text.
 
@@ -180,4 +172,4 @@ def recorded_failure(tool: str | None, error: str) -> Exception:
         if exc is not None and str(exc) == message:
             return exc
     cls = RecordedToolError if name == "RecordedToolError" else type(name, (RecordedToolError,), {})
-    return cls(tool, message)
+    return cls(name, message, tool=tool)
