@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
-from otel_agenttape.tape.content import maybe_json, to_messages, tool_definitions
+from otel_agenttape.capture.jsonutil import parse_any_json, parse_structured_json
+from otel_agenttape.tape.content import to_messages, tool_definitions
 from otel_agenttape.tape.foreign import classify, truncated_keys, unflatten
 from otel_agenttape.tape.load import SpanRow
 
@@ -17,12 +18,20 @@ def _span(attrs, **kw) -> SpanRow:
     return SpanRow(**base)
 
 
-def test_maybe_json_parses_only_json_text():
-    assert maybe_json('{"a": 1}') == {"a": 1}
-    assert maybe_json("[1, 2]") == [1, 2]
-    assert maybe_json("rainy, 57F") == "rainy, 57F"
-    assert maybe_json("{not json") == "{not json"
-    assert maybe_json({"a": 1}) == {"a": 1}
+def test_parse_any_json_parses_only_json_text():
+    assert parse_any_json('{"a": 1}') == {"a": 1}
+    assert parse_any_json("[1, 2]") == [1, 2]
+    assert parse_any_json("rainy, 57F") == "rainy, 57F"
+    assert parse_any_json("{not json") == "{not json"
+    assert parse_any_json({"a": 1}) == {"a": 1}
+    assert parse_any_json("42") == 42 and parse_any_json('"hi"') == "hi" and parse_any_json(b"true") is True
+
+
+def test_recording_parses_only_objects_and_arrays():
+    """Capture keeps a scalar-looking string an agent passed as the string; reading a tape parses it."""
+    assert parse_structured_json(' {"a": 1}') == {"a": 1} and parse_structured_json("[1]") == [1]
+    assert parse_structured_json("42") == "42" and parse_structured_json('"hi"') == '"hi"'
+    assert parse_structured_json(b"[1]") == b"[1]"
 
 
 def test_messages_in_genai_openai_and_parts_shapes():

@@ -1,4 +1,5 @@
-"""JSON encoding of payloads: SDK objects become plain data, strings stay byte-exact."""
+"""JSON encoding of payloads (SDK objects become plain data, strings stay byte-exact), and JSON text parsed
+back: ``parse_structured_json`` when recording, ``parse_any_json`` when reading a tape."""
 
 from __future__ import annotations
 
@@ -63,8 +64,15 @@ def payload_text(value: Any) -> str:
     return dumps(value)
 
 
-def maybe_json(value: Any) -> Any:
-    """Parse a JSON string when it is one (tool-call arguments), else return it unchanged."""
+# Two rules for JSON text, one per direction:
+# - recording (capture) parses only object/array text: tool-call arguments arrive as JSON text of an object,
+#   and a plain string an agent passed ("42", "true") must be recorded as that string, not turned into a number;
+# - reading a tape back parses any JSON text, scalars and bytes too: ``payload_text`` wrote every non-string
+#   payload as JSON text, and other instrumentations write numbers and quoted strings as JSON text as well.
+
+
+def parse_structured_json(value: Any) -> Any:
+    """Parse a string holding a JSON object or array (tool-call arguments); anything else comes back unchanged."""
     if isinstance(value, str):
         text = value.strip()
         if text[:1] in ("{", "["):
@@ -73,3 +81,32 @@ def maybe_json(value: Any) -> Any:
             except orjson.JSONDecodeError:
                 return value
     return value
+
+
+_JSON_START = frozenset('[{"')
+
+
+def parse_any_json(value: Any) -> Any:
+    """Parse JSON text (object, array, string, number, ``true``/``false``/``null``; bytes as UTF-8), as a
+    recorded content value is read back; anything else, and text that is not JSON, comes back unchanged."""
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            value = bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return value
+    if isinstance(value, str):
+        text = value.strip()
+        if text and (text[0] in _JSON_START or text in ("true", "false", "null") or _is_number(text)):
+            try:
+                return orjson.loads(text)
+            except orjson.JSONDecodeError:
+                return value
+    return value
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from otel_agenttape.capture.jsonutil import maybe_json, to_plain
+from otel_agenttape.capture.jsonutil import parse_structured_json, to_plain
 
 _FINISH_MAP = {
     "tool_calls": "tool_call",
@@ -130,7 +130,7 @@ def _convert_part(part: Any) -> dict[str, Any]:
         return dict(part)
     if kind == "function_call" and "name" in part:  # OpenAI Responses API
         return {"type": "tool_call", "id": part.get("call_id"), "name": part.get("name"),
-                "arguments": maybe_json(part.get("arguments"))}
+                "arguments": parse_structured_json(part.get("arguments"))}
     if kind == "function_call_output":
         return {"type": "tool_call_response", "id": part.get("call_id"), "response": part.get("output")}
     if kind is None:
@@ -168,7 +168,7 @@ def _tool_call_part(call: Any) -> dict[str, Any]:
     else:
         name, arguments = call.get("name"), call.get("arguments", call.get("input", call.get("args")))
     out = {"type": "tool_call", "id": call.get("id") or call.get("call_id"), "name": name,
-           "arguments": maybe_json(arguments)}
+           "arguments": parse_structured_json(arguments)}
     if out["id"] is None:
         del out["id"]
     return out

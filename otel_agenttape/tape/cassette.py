@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ..capture.jsonutil import parse_any_json
 from ..resume.errors import DivergenceError, RecordedToolError, UnrecordedCallError
 from ..resume.keys import request_diff
-from .content import maybe_json, to_messages
+from .content import to_messages
 from .model import Node, Run
 from .rebuild import reconstruct, reconstruct_tree
 from .replay import ModelResult, replay_model_mock, replay_tool_mock
@@ -56,7 +57,7 @@ def tree_nodes(run: Run) -> list[Node]:
 
 def _request_messages(request: Any) -> list[dict[str, Any]]:
     """A request's prompt (system first) in the comparable ``Message.to_json`` form."""
-    request = maybe_json(request)
+    request = parse_any_json(request)
     system = None
     messages: Any = request
     if isinstance(request, dict) and ("messages" in request or "system" in request or "input" in request):
@@ -73,7 +74,7 @@ def _comparable(msg: dict[str, Any]) -> dict[str, Any]:
     out = {"role": msg["role"], "content": msg.get("content") or ""}
     if msg.get("tool_calls"):
         out["tool_calls"] = [
-            {"id": c.get("id"), "name": c.get("name"), "arguments": maybe_json(c.get("arguments"))}
+            {"id": c.get("id"), "name": c.get("name"), "arguments": parse_any_json(c.get("arguments"))}
             for c in msg["tool_calls"]
         ]
     if msg.get("tool_call_id"):
@@ -191,7 +192,7 @@ class ReplayToolExecutor:
             )
         if index is None:
             index = next((i for i in range(len(self.nodes)) if i not in self._used), None)
-        current = {"name": name, "arguments": maybe_json(arguments)}
+        current = {"name": name, "arguments": parse_any_json(arguments)}
         if index is None:
             raise UnrecordedCallError(TOOL, len(self._used), current)
         node = self.nodes[index]

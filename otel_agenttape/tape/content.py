@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..capture.jsonutil import parse_any_json
+
 if TYPE_CHECKING:
     from .model import Message
-
-_JSON_START = frozenset('[{"')
 
 
 def dump_json(value: Any) -> str:
@@ -31,44 +31,11 @@ def _default(obj: Any) -> Any:
     return str(obj)
 
 
-def maybe_json(value: Any) -> Any:
-    """Parse a JSON object/array/string text; anything else comes back unchanged."""
-    if isinstance(value, (bytes, bytearray)):
-        try:
-            value = bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return value
-    if isinstance(value, str):
-        text = value.strip()
-        if text and (text[0] in _JSON_START or text in ("true", "false", "null") or _is_number(text)):
-            try:
-                return orjson.loads(text)
-            except orjson.JSONDecodeError:
-                return value
-    return value
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def structured(value: Any) -> Any:
-    """A content attribute as a Python structure: JSON text is parsed, structures kept."""
-    if isinstance(value, (str, bytes, bytearray)):
-        parsed = maybe_json(value)
-        return parsed
-    return value
-
-
 def to_messages(value: Any, default_role: str = "user") -> list[Message]:
     """Normalize a messages value (GenAI parts shape, OpenAI shape, JSON text, or plain text)."""
     from .model import Message
 
-    value = structured(value)
+    value = parse_any_json(value)
     if value is None or value == "":
         return []
     if isinstance(value, dict):
@@ -82,7 +49,7 @@ def to_messages(value: Any, default_role: str = "user") -> list[Message]:
             return [_one_message(value, default_role)]
         return [Message(role=default_role, parts=[{"type": "text", "content": dump_json(value)}])]
     if isinstance(value, list):
-        items = [structured(i) for i in value]
+        items = [parse_any_json(i) for i in value]
         if items and all(
             isinstance(i, dict) and "type" in i and "role" not in i and "parts" not in i for i in items
         ):
@@ -105,14 +72,14 @@ def _one_message(item: dict[str, Any], default_role: str) -> Message:
     name = item.get("name")
     finish = item.get("finish_reason")
     if "parts" in item and isinstance(item["parts"], list):
-        parts = [_part(structured(p)) for p in item["parts"] if isinstance(structured(p), dict)]
+        parts = [_part(parse_any_json(p)) for p in item["parts"] if isinstance(parse_any_json(p), dict)]
         return Message(role=role, parts=parts, name=name, finish_reason=finish)
     # OpenAI chat shape
     parts: list[dict[str, Any]] = []
     content = item.get("content")
     if role == "tool" and item.get("tool_call_id") is not None:
         parts.append(
-            {"type": "tool_call_response", "id": item.get("tool_call_id"), "response": maybe_json(content)}
+            {"type": "tool_call_response", "id": item.get("tool_call_id"), "response": parse_any_json(content)}
         )
         content = None
     if isinstance(content, list):
@@ -127,7 +94,7 @@ def _one_message(item: dict[str, Any], default_role: str) -> Message:
     elif content is not None and content != "":
         parts.append({"type": "text", "content": content if isinstance(content, str) else dump_json(content)})
     for call in item.get("tool_calls") or []:
-        call = structured(call)
+        call = parse_any_json(call)
         if not isinstance(call, dict):
             continue
         fn = call.get("function") or {}
@@ -136,7 +103,7 @@ def _one_message(item: dict[str, Any], default_role: str) -> Message:
                 "type": "tool_call",
                 "id": call.get("id"),
                 "name": fn.get("name", call.get("name")),
-                "arguments": maybe_json(fn.get("arguments", call.get("arguments"))),
+                "arguments": parse_any_json(fn.get("arguments", call.get("arguments"))),
             }
         )
     return Message(role=role, parts=parts, name=name, finish_reason=finish)
@@ -146,11 +113,11 @@ def _part(part: dict[str, Any]) -> dict[str, Any]:
     kind = part.get("type")
     out = dict(part)
     if kind == "tool_call":
-        out["arguments"] = maybe_json(part.get("arguments"))
+        out["arguments"] = parse_any_json(part.get("arguments"))
     elif kind == "tool_call_response":
         if "response" not in out and "result" in out:  # the v1.41.0 example spelling
             out["response"] = out.pop("result")
-        out["response"] = maybe_json(out.get("response"))
+        out["response"] = parse_any_json(out.get("response"))
     elif kind == "text" and "content" not in out and "text" in out:
         out["content"] = out.pop("text")
     return out
@@ -162,12 +129,12 @@ def messages_text(messages: list[Message]) -> str:
 
 def tool_definitions(value: Any) -> list[dict[str, Any]]:
     """Tool definitions in the GenAI shape ``{type, name, description, parameters}``."""
-    value = structured(value)
+    value = parse_any_json(value)
     if isinstance(value, dict):
         value = [value]
     out: list[dict[str, Any]] = []
     for item in value or []:
-        item = structured(item)
+        item = parse_any_json(item)
         if not isinstance(item, dict):
             continue
         fn = item.get("function") if isinstance(item.get("function"), dict) else None
@@ -175,7 +142,7 @@ def tool_definitions(value: Any) -> list[dict[str, Any]]:
         entry = {"type": item.get("type") or "function", "name": src.get("name")}
         if src.get("description"):
             entry["description"] = src["description"]
-        params = structured(src.get("parameters"))
+        params = parse_any_json(src.get("parameters"))
         if params is not None:
             entry["parameters"] = params
         if entry["name"]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import semconv as sc
-from .content import structured, to_messages
+from ..capture.jsonutil import parse_any_json
+from .content import to_messages
 from .model import Message
 
 
@@ -117,7 +118,7 @@ def _legacy_messages(attrs: dict[str, Any], prefix: str) -> list[Message]:
 
 def _response_messages(value: Any) -> list[Message]:
     """Output messages from a provider response body (OpenAI chat shape or plain text)."""
-    value = structured(value)
+    value = parse_any_json(value)
     if isinstance(value, dict) and isinstance(value.get("choices"), list):
         out = []
         for choice in value["choices"]:

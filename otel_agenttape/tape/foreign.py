@@ -13,8 +13,9 @@ import hashlib
 from typing import Any
 
 from .. import semconv as sc
+from ..capture.jsonutil import parse_any_json
 from . import frameworks
-from .content import dump_json, maybe_json, to_messages, tool_definitions
+from .content import dump_json, to_messages, tool_definitions
 from .load import SpanRow
 from .model import Message, Node, Usage
 
@@ -265,11 +266,11 @@ def model_node(span: SpanRow) -> Node:
             str(p.get("content") or "") for m in node.output_messages for p in m.parts if p.get("type") == "reasoning"
         )
     node.retry_count = _int(a.get(sc.MODEL_RETRY_COUNT)) or node.retry_count
-    node.raw_output = maybe_json(a.get(sc.MODEL_RAW_OUTPUT))
+    node.raw_output = parse_any_json(a.get(sc.MODEL_RAW_OUTPUT))
     if node.raw_output is None and a.get(sc.OPENINFERENCE_SPAN_KIND) and (
         a.get(sc.OI_OUTPUT_MIME_TYPE) == "application/json"
     ):
-        node.raw_output = maybe_json(a.get(sc.OI_OUTPUT_VALUE))  # the provider response body
+        node.raw_output = parse_any_json(a.get(sc.OI_OUTPUT_VALUE))  # the provider response body
     finish = a.get(sc.GEN_AI_RESPONSE_FINISH_REASONS) or a.get(sc.OI_LLM_FINISH_REASON)
     if isinstance(finish, str):
         finish = [finish]
@@ -280,7 +281,7 @@ def model_node(span: SpanRow) -> Node:
         node.tool_definitions = tool_definitions(a[sc.GEN_AI_TOOL_DEFINITIONS])
     elif _is_indexed(a, OI_LLM_TOOLS):
         node.tool_definitions = tool_definitions(
-            [maybe_json((t.get("tool") or {}).get("json_schema")) for t in _indexed_list(a, OI_LLM_TOOLS)
+            [parse_any_json((t.get("tool") or {}).get("json_schema")) for t in _indexed_list(a, OI_LLM_TOOLS)
              if isinstance(t, dict)]
         )
     elif _is_indexed(a, LLM_REQUEST_FUNCTIONS):
@@ -301,17 +302,17 @@ def tool_node(span: SpanRow) -> Node:
     node.tool_name = _first(a, sc.GEN_AI_TOOL_NAME, sc.OI_TOOL_NAME, sc.TRACELOOP_ENTITY_NAME) or span.name
     node.tool_call_id = _first(a, sc.GEN_AI_TOOL_CALL_ID, sc.OI_TOOL_ID)
     if sc.GEN_AI_TOOL_CALL_ARGUMENTS in a:
-        node.arguments = maybe_json(a[sc.GEN_AI_TOOL_CALL_ARGUMENTS])
+        node.arguments = parse_any_json(a[sc.GEN_AI_TOOL_CALL_ARGUMENTS])
     elif sc.OI_INPUT_VALUE in a:
-        node.arguments = maybe_json(a[sc.OI_INPUT_VALUE])
+        node.arguments = parse_any_json(a[sc.OI_INPUT_VALUE])
     elif sc.TRACELOOP_ENTITY_INPUT in a:
         node.arguments = _traceloop_input(a[sc.TRACELOOP_ENTITY_INPUT])
     if sc.GEN_AI_TOOL_CALL_RESULT in a:
-        node.result = maybe_json(a[sc.GEN_AI_TOOL_CALL_RESULT])
+        node.result = parse_any_json(a[sc.GEN_AI_TOOL_CALL_RESULT])
     elif sc.OI_OUTPUT_VALUE in a:
-        node.result = maybe_json(a[sc.OI_OUTPUT_VALUE])
+        node.result = parse_any_json(a[sc.OI_OUTPUT_VALUE])
     elif sc.TRACELOOP_ENTITY_OUTPUT in a:
-        node.result = maybe_json(a[sc.TRACELOOP_ENTITY_OUTPUT])
+        node.result = parse_any_json(a[sc.TRACELOOP_ENTITY_OUTPUT])
     err = a.get(sc.TOOL_ERROR)
     if err is None and span.status_code == 2:
         err = span.status_message or a.get(sc.ERROR_TYPE) or "error"
@@ -320,7 +321,7 @@ def tool_node(span: SpanRow) -> Node:
 
 
 def _traceloop_input(value: Any) -> Any:
-    parsed = maybe_json(value)
+    parsed = parse_any_json(value)
     if isinstance(parsed, dict) and set(parsed) <= {"args", "kwargs"}:
         args, kwargs = parsed.get("args") or [], parsed.get("kwargs") or {}
         if not args:

@@ -14,14 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from .. import semconv as sc
-from .content import maybe_json
+from ..capture.jsonutil import parse_any_json
 from .load import SpanRow
 from .model import Node
 
 
 def _tool_message(value: Any) -> dict[str, Any] | None:
     """The fields of a LangChain ``ToolMessage`` in either serialized form, else None."""
-    value = maybe_json(value)
+    value = parse_any_json(value)
     if not isinstance(value, dict):
         return None
     if isinstance(value.get("output"), dict):  # OpenLLMetry: {"output": <message>, "kwargs": {...}}
@@ -41,11 +41,11 @@ def refine_tool(span: SpanRow, node: Node) -> Node:
     message = _tool_message(a.get(sc.OI_OUTPUT_VALUE, a.get(sc.TRACELOOP_ENTITY_OUTPUT)))
     if message is not None:
         content = message.get("content")
-        node.result = maybe_json(content) if isinstance(content, str) else content
+        node.result = parse_any_json(content) if isinstance(content, str) else content
         node.tool_call_id = node.tool_call_id or message.get("tool_call_id")
         if message.get("status") == "error" and node.tool_error is None:
             node.tool_error = str(content)
-    entry = maybe_json(a.get(sc.TRACELOOP_ENTITY_INPUT))
+    entry = parse_any_json(a.get(sc.TRACELOOP_ENTITY_INPUT))
     if isinstance(entry, dict) and isinstance(entry.get("inputs"), dict):
         node.arguments = entry["inputs"]
         kwargs = entry.get("kwargs") if isinstance(entry.get("kwargs"), dict) else {}

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import semconv as sc
+from ..capture.jsonutil import parse_any_json
 from ..resume.errors import RecordedToolError
-from .content import maybe_json, openai_tools, to_messages
+from .content import openai_tools, to_messages
 from .model import Node, ToolCall, Usage
 
 
@@ -117,7 +118,7 @@ def result_from_response(response: Any) -> ModelResult:
     if isinstance(response, ModelResult):
         return response
     raw = response.model_dump() if hasattr(response, "model_dump") else response
-    raw = maybe_json(raw)
+    raw = parse_any_json(raw)
     if isinstance(raw, dict) and isinstance(raw.get("choices"), list) and raw["choices"]:
         choice = raw["choices"][0]
         msgs = to_messages([choice.get("message") or {}], "assistant")
