@@ -3,7 +3,8 @@
 Usage: python integrations_foreign_app.py INSTRUMENTATION RECEIVER_URL OPENAI_BASE_URL
 INSTRUMENTATION: ``oi-agents`` (openinference-instrumentation-openai-agents), ``otel-agents``
 (opentelemetry-instrumentation-openai-agents-v2), ``oi-langchain`` (openinference-instrumentation-
-langchain), ``otel-langchain`` (opentelemetry-instrumentation-langchain). The Agents SDK programs use
+langchain), ``otel-langchain`` (opentelemetry-instrumentation-langchain); ``oi-agents-trip`` and
+``otel-agents-trip`` run the trip planner of ``integrations_agents_app`` on its fake models instead. The Agents SDK programs use
 its chat-completions model against the fake OpenAI server; the LangGraph ones a ReAct agent on the
 same server through ``langchain_core``'s fake chat model. Prints the trace id of the program's trace.
 """
@@ -70,6 +71,32 @@ def agents_program(kind: str, receiver: str, base_url: str) -> str:
     return _TRACE_IDS[-1] if _TRACE_IDS else ""
 
 
+def agents_trip_program(kind: str, receiver: str) -> str:
+    """The planner of ``integrations_agents_app.trip_agents`` (a function tool, an agent used as a tool,
+    a guardrail and a handoff) on its fake models, under the instrumentation instead of our processor."""
+    tp = provider(receiver, f"trip-{kind}")
+    from agents import Runner, set_trace_processors, set_tracing_disabled, trace
+
+    set_trace_processors([])
+    set_tracing_disabled(False)
+    if kind == "oi-agents-trip":
+        from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+    else:
+        from opentelemetry.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+    OpenAIAgentsInstrumentor().instrument(tracer_provider=tp)
+    from integrations_agents_app import trip_agents
+
+    planner, _ = trip_agents()
+
+    async def go() -> str:
+        with trace("trip", group_id="sess-trip"):
+            return (await Runner.run(planner, "Plan lunch in Lyon")).final_output
+
+    print(asyncio.run(go()), file=sys.stderr)
+    tp.force_flush()
+    return _TRACE_IDS[-1] if _TRACE_IDS else ""
+
+
 _TRACE_IDS: list[str] = []  # trace ids of the root spans the program ended
 
 
@@ -122,6 +149,9 @@ def langchain_program(kind: str, receiver: str, base_url: str) -> str:
 
 def main() -> int:
     kind, receiver, base_url = sys.argv[1:4]
+    if kind.endswith("-trip"):
+        print(agents_trip_program(kind, receiver))
+        return 0
     program = agents_program if kind in ("oi-agents", "otel-agents") else langchain_program
     print(program(kind, receiver, base_url))
     return 0

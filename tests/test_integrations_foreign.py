@@ -4,6 +4,8 @@ rebuild to runs with the prompt, the answer and the tool calls with their exact 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +20,8 @@ HERE = Path(__file__).parent
 MODULES = {
     "oi-agents": "openinference.instrumentation.openai_agents",
     "otel-agents": "opentelemetry.instrumentation.openai_agents",
+    "oi-agents-trip": "openinference.instrumentation.openai_agents",
+    "otel-agents-trip": "opentelemetry.instrumentation.openai_agents",
     "oi-langchain": "openinference.instrumentation.langchain",
     "otel-langchain": "opentelemetry.instrumentation.langchain",
 }
@@ -81,3 +85,56 @@ def test_langchain_instrumentations_rebuild_the_tool_calls(receiver, kind, capsy
     assert _tools(doc) == [(name, arguments if kind == "otel-langchain" else "Paris", result)]
     ids = {t.get("id") for run in tree_runs(doc) for t in run["tools"] if t.get("ran", True)}
     assert ids == {"call_1"}
+
+
+def _shape(run: dict) -> tuple:
+    """What a person reads of a tree: agent, status, output, tools with arguments, children by agent."""
+    # a handoff is the edge to its child run; each recorder shows the handoff's own call its way (ours
+    # the SDK's transfer_to_X tool call, OpenInference a "handoff to X" tool span, OTel a handoff span)
+    tools = sorted((t["name"], json.dumps(t["arguments"], sort_keys=True)) for t in run["tools"]
+                   if t.get("ran", True) and not t["name"].startswith(("transfer_to_", "handoff to ")))
+    kids = sorted((_shape(c) for c in run.get("children") or []), key=repr)
+    return (run["agent"], run["status"], run["output"], tuple(tools), tuple(kids))
+
+
+@pytest.mark.parametrize("kind", ["oi-agents-trip", "otel-agents-trip"])
+def test_agents_sdk_instrumentations_rebuild_the_same_tree_as_our_processor(receiver, kind, tmp_path, capsys):
+    """A handoff and an agent used as a tool are child runs, whichever records the program."""
+    trace_id, _ = _record(receiver, kind)
+    theirs = cli_json(capsys, "replay", trace_id, "--tree", "--db", receiver.db)
+
+    pytest.importorskip("agents")
+    from agents import Runner, set_trace_processors, set_tracing_disabled, trace
+
+    import otel_agenttape
+    from integrations_agents_app import trip_agents
+    from otel_agenttape.integrations.openai_agents import AgentTapeProcessor
+
+    with serve(str(tmp_path / "ours.duckdb")) as ours_srv:
+        tape = otel_agenttape.setup(ours_srv.url, service_name="trip-ours")
+        set_tracing_disabled(False)
+        set_trace_processors([AgentTapeProcessor(tape)])
+        try:
+            planner, _ = trip_agents()
+
+            async def go() -> None:
+                with trace("trip", group_id="sess-trip", metadata={"agenttape.run.id": "trip-ours"}):
+                    await Runner.run(planner, "Plan lunch in Lyon")
+
+            asyncio.run(go())
+        finally:
+            set_trace_processors([])
+            tape.shutdown()
+        ours_srv.wait_stored(5)
+        ours = cli_json(capsys, "replay", "trip-ours", "--tree", "--db", ours_srv.db)
+
+    root = [r for r in tree_runs(theirs) if r["agent"] == "planner"]
+    assert len(root) == 1, [r["agent"] for r in tree_runs(theirs)]
+    listed = {r["agent"]: r for r in cli_json(capsys, "runs", "--db", receiver.db) if r["trace_id"] == trace_id}
+    planner_ref = f"{listed['planner']['run_id']}@{trace_id}"
+    assert listed["researcher"]["parent_ref"] == listed["booker"]["parent_ref"] == planner_ref  # as the tree
+    assert {c["agent"] for c in root[0]["children"]} == {"researcher", "booker"}
+    # the planner's own output differs by recorder (ours: the run's final answer, which the booker gave;
+    # the instrumentations: the planner's last model message); everything else is the same tree
+    assert _shape(root[0])[:2] + _shape(root[0])[3:] == _shape(ours)[:2] + _shape(ours)[3:]
+    assert "Booked Le Bouchon at 12:30." in json.dumps(_shape(root[0]))

@@ -46,6 +46,8 @@ _ROLE_KEYS = [
     sc.OI_LLM_REQUEST_MODEL_NAME,  # 17
     sc.OI_LLM_RESPONSE_MODEL_NAME,  # 18
     sc.PREVIOUS_RUN_ID,  # 19
+    sc.GEN_AI_HANDOFF_TO,  # 20
+    sc.OI_GRAPH_NODE_PARENT_ID,  # 21
 ]
 
 
@@ -91,7 +93,7 @@ SELECT trace_id, span_id, parent_span_id, name, scope_name, service_name, start_
   end_time_unix_nano, status_code, status_message, run_id, node_type, operation_name, run_status, chain_id,
   parent_run_id, CAST(NULL AS BOOLEAN) AS is_root, {OURS_ROLE} AS role, '{sc.SOURCE_AGENTTAPE}' AS source,
   session_id, agent_name, coalesce(response_model, request_model) AS model, tool_name, input_tokens,
-  output_tokens
+  output_tokens, CAST(NULL AS VARCHAR) AS handoff_to, CAST(NULL AS VARCHAR) AS handed_by
 FROM {src} WHERE run_id IS NOT NULL
 """
 
@@ -157,7 +159,8 @@ SELECT trace_id, span_id, parent_span_id, name, scope_name, service_name, start_
   coalesce(response_model, {_y(18)}, {_y(4)}, request_model, {_y(17)}) AS model,
   coalesce(tool_name, {_y(15)}, CASE WHEN {_TL} = 'tool' THEN {_y(9)} END) AS tool_name,
   coalesce(input_tokens, TRY_CAST({_yi(13)} AS BIGINT), TRY_CAST({_yi(11)} AS BIGINT)) AS input_tokens,
-  coalesce(output_tokens, TRY_CAST({_yi(14)} AS BIGINT), TRY_CAST({_yi(12)} AS BIGINT)) AS output_tokens
+  coalesce(output_tokens, TRY_CAST({_yi(14)} AS BIGINT), TRY_CAST({_yi(12)} AS BIGINT)) AS output_tokens,
+  {_y(20)} AS handoff_to, {_y(21)} AS handed_by
 FROM b
 """
 
@@ -238,15 +241,28 @@ down(trace_id, span_id, owner, role) AS (
   UNION
   SELECT c.trace_id, c.span_id, d.owner, c.role
   FROM down d JOIN ft c ON c.trace_id = d.trace_id AND c.parent_span_id = d.span_id
-  WHERE c.role <> 'run' AND d.role IN ('run', 'other') AND c.run_id IS NULL
+  WHERE c.role <> 'run' AND c.run_id IS NULL
 ),
 owners AS (SELECT trace_id, span_id, any_value(owner) AS owner FROM down GROUP BY trace_id, span_id),
+-- a handoff makes the agent handed to a child run of the one that handed over (as tape/rebuild.py)
+hand AS (
+  SELECT h.trace_id, h.start_time_unix_nano AS at, h.handoff_to AS agent, w.owner AS by_key
+  FROM ft h JOIN owners w ON w.trace_id = h.trace_id AND w.span_id = h.span_id
+  WHERE h.handoff_to IS NOT NULL AND h.role <> 'run'
+),
+agents AS (SELECT trace_id, span_id, agent_name, start_time_unix_nano AS at FROM ft
+  WHERE role = 'run' AND run_id IS NULL AND agent_name IS NOT NULL),
 fr AS (
   SELECT f.*, coalesce(
+      CASE WHEN f.handed_by IS DISTINCT FROM f.agent_name AND g.span_id <> f.span_id THEN g.span_id END,
+      CASE WHEN f.handed_by IS NULL AND h.by_key <> f.span_id THEN h.by_key END,
       CASE WHEN p.role = 'run' THEN coalesce(p.run_id, p.span_id) END, w.owner, p.run_id) AS parent_key
   FROM ft f
   LEFT JOIN ft p ON p.trace_id = f.trace_id AND p.span_id = f.parent_span_id
   LEFT JOIN owners w ON w.trace_id = f.trace_id AND w.span_id = f.parent_span_id
+  ASOF LEFT JOIN agents g ON g.trace_id = f.trace_id AND g.agent_name = f.handed_by
+    AND f.start_time_unix_nano >= g.at
+  ASOF LEFT JOIN hand h ON h.trace_id = f.trace_id AND h.agent = f.agent_name AND f.start_time_unix_nano >= h.at
   WHERE f.role = 'run' AND f.run_id IS NULL
 ),
 theirs AS (

@@ -119,6 +119,51 @@ class _Index:
                         parts.parent_key = owner
             elif kinds[s.span_id] in (foreign.MODEL, foreign.TOOL):
                 parts.node_spans.append(s)
+        self._handoffs(trace_id, spans, ordered, run_key, nearest_run)
+
+    def _handoffs(self, trace_id: str, spans: dict[str, SpanRow], ordered: list[SpanRow],
+                  run_key: dict[str, Key], nearest_run: Any) -> None:
+        """An agent handed over to is a child run of the agent that handed over, as our processor records
+        it, though other instrumentations start it beside that agent (under the workflow span): found
+        by a handoff span naming the agent (``gen_ai.handoff.to_agent``), or by OpenInference's
+        ``graph.node.parent_id``. The ``runs`` view (store/runs_view.py) applies the same rule."""
+        runs = [s for s in ordered if s.span_id in run_key]
+        if len(runs) < 2:
+            return
+        marks: list[tuple[int, str, Key]] = []  # (start, agent handed to, run that handed over)
+        for s in ordered:
+            to = s.attrs.get(sc.GEN_AI_HANDOFF_TO)
+            owner = nearest_run(s.span_id, include_self=False) if isinstance(to, str) else None
+            if owner is not None:
+                marks.append((s.start_ns, to, run_key[owner]))
+        for x in runs:
+            if x.run_id or x.attrs.get(sc.RUN_ID):
+                continue  # ours: the processor records the handoff as the child run's parent run id
+            agent = _agent_of(x)
+            key = run_key[x.span_id]
+            parts = self.runs[key]
+            parent: Key | None = None
+            by = x.attrs.get(sc.OI_GRAPH_NODE_PARENT_ID)
+            if isinstance(by, str) and by != agent:
+                before = [r for r in runs if r.start_ns <= x.start_ns and r is not x and _agent_of(r) == by]
+                parent = run_key[before[-1].span_id] if before else None
+            elif agent:
+                before = [m for m in marks if m[1] == agent and m[0] <= x.start_ns and m[2] != key]
+                parent = before[-1][2] if before else None
+            if parent is None or parent == parts.parent_key or self._encloses(key, parent):
+                continue
+            parts.parent_key = parent
+
+    def _encloses(self, key: Key, other: Key) -> bool:
+        """Whether ``key`` is ``other`` or one of its parent runs (a new edge must not make a cycle)."""
+        seen: set[Key] = set()
+        cur: Key | None = other
+        while cur is not None and cur not in seen:
+            if cur == key:
+                return True
+            seen.add(cur)
+            cur = self.runs[cur].parent_key if cur in self.runs else None
+        return False
 
     def root_of(self, trace_id: str) -> Key | None:
         """The run a trace id names: its first top-level run span, else the trace's own run."""
@@ -162,6 +207,11 @@ class _Index:
             elif any(link in my_spans for span in other.run_spans for link in span.links):
                 out.append(other_key)
         return out
+
+
+def _agent_of(span: SpanRow) -> str | None:
+    name = span.agent_name or span.attrs.get(sc.GEN_AI_AGENT_NAME) or span.attrs.get(sc.OI_AGENT_NAME)
+    return str(name) if name else None
 
 
 def reconstruct(reader: Reader, ref: str) -> Run:
