@@ -14,7 +14,10 @@ page (20 newest), the replay of the 100-node run, the 1 + 20 tree (``replay --tr
 adds each run's summary from the ``runs`` view, is printed beside it), and ``verify`` of every sealed tape.
 Targets: replay <= 200 ms, tree <= 500 ms, runs page <= 300 ms, bytes per span <= 700.
 
-    python bench/lake.py [--spans 10000000] [--receivers 3] [--repeat 7] [--dir DIR]
+    python bench/lake.py [--spans 10000000] [--receivers 3] [--repeat 7] [--dir DIR] [--reuse]
+
+``--reuse`` measures the lake and DuckDB file already built in ``--dir`` (their ids are kept in
+``ids.json`` there), so two versions of the read code can be timed on the same data.
 
 Last line: ``lake runs_ms=.. replay_ms=.. tree_ms=.. verify_spans_per_s=.. bytes_per_span=..
 duckdb_runs_ms=.. duckdb_replay_ms=.. duckdb_tree_ms=.. duckdb_verify_spans_per_s=.. duckdb_bytes_per_span=..``.
@@ -211,6 +214,37 @@ def measure(source: Any, ids: dict[str, Any], repeat: int, label: str) -> dict[s
     return out
 
 
+def build_and_publish(folder: str, lake: str, args: Any) -> dict[str, Any]:
+    """Build the receivers' stores and the single file, publish and compact the lake; the ids are saved."""
+    from otel_agenttape.store.lake import LakePublisher
+    from otel_agenttape.store.lake.maintain import compact, status
+
+    start = time.perf_counter()
+    ids = build(folder, args.spans, args.receivers, args.sealed_runs)
+    built = time.perf_counter() - start
+    print(f"built {ids['spans']} spans in {args.receivers} receiver stores and one DuckDB file in {built:.0f} s "
+          f"(tree children on {ids['child_receivers']} receivers)", flush=True)
+    start = time.perf_counter()
+    for i, store in enumerate(ids.pop("stores")):
+        LakePublisher(store, lake, f"r{i}", max_spans=args.batch).publish_all()
+        store.close()
+    published = time.perf_counter() - start
+    start = time.perf_counter()
+    merged = compact(lake, grace_seconds=0)
+    compacted = time.perf_counter() - start
+    st = status(lake)
+    ids["lake_bytes"] = sum(v["bytes"] for v in st["tables"].values())
+    print(f"published in {published:.0f} s, compacted {merged['merged_files']} files into "
+          f"{merged['written_files']} in {compacted:.0f} s; lake {ids['lake_bytes'] / 1e6:.0f} MB in "
+          f"{sum(v['files'] for v in st['tables'].values())} files", flush=True)
+    single = ids.pop("single")
+    single.con.execute("CHECKPOINT")
+    single.close()
+    with open(os.path.join(folder, "ids.json"), "wb") as fh:
+        fh.write(orjson.dumps(ids))
+    return ids
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spans", type=int, default=10_000_000)
@@ -219,37 +253,25 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1_000_000, help="spans per published batch")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--dir", default=None, help="where to build (default: a temp folder, removed after)")
+    ap.add_argument("--reuse", action="store_true", help="measure what an earlier run built in --dir")
     args = ap.parse_args()
-    from otel_agenttape.store.lake import LakePublisher
-    from otel_agenttape.store.lake.maintain import compact, status
 
     folder = args.dir or tempfile.mkdtemp(prefix="agenttape-lake-bench-")
-    if os.path.exists(folder) and args.dir:
+    lake = os.path.join(folder, "lake")
+    db = os.path.join(folder, "single.duckdb")
+    saved = os.path.join(folder, "ids.json")
+    reuse = bool(args.reuse and args.dir and os.path.exists(saved))
+    if args.dir and os.path.exists(folder) and not reuse:
         shutil.rmtree(folder)
     os.makedirs(folder, exist_ok=True)
-    lake = os.path.join(folder, "lake")
     try:
-        start = time.perf_counter()
-        ids = build(folder, args.spans, args.receivers, args.sealed_runs)
-        built = time.perf_counter() - start
-        print(f"built {ids['spans']} spans in {args.receivers} receiver stores and one DuckDB file in {built:.0f} s "
-              f"(tree children on {ids['child_receivers']} receivers)", flush=True)
-        start = time.perf_counter()
-        for i, store in enumerate(ids["stores"]):
-            LakePublisher(store, lake, f"r{i}", max_spans=args.batch).publish_all()
-            store.close()
-        published = time.perf_counter() - start
-        start = time.perf_counter()
-        merged = compact(lake, grace_seconds=0)
-        compacted = time.perf_counter() - start
-        st = status(lake)
-        lake_bytes = sum(v["bytes"] for v in st["tables"].values())
-        print(f"published in {published:.0f} s, compacted {merged['merged_files']} files into "
-              f"{merged['written_files']} in {compacted:.0f} s; lake {lake_bytes / 1e6:.0f} MB in "
-              f"{sum(v['files'] for v in st['tables'].values())} files", flush=True)
-        ids["single"].con.execute("CHECKPOINT")
-        ids["single"].close()
-        db = os.path.join(folder, "single.duckdb")
+        if reuse:
+            with open(saved, "rb") as fh:
+                ids = orjson.loads(fh.read())
+            print(f"reusing {ids['spans']} spans in {folder}", flush=True)
+        else:
+            ids = build_and_publish(folder, lake, args)
+        lake_bytes = ids["lake_bytes"]
         db_bytes = os.path.getsize(db)
         n = ids["spans"]
         lk = measure(lake, ids, args.repeat, "lake")
