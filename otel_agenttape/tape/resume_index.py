@@ -11,7 +11,6 @@ import os
 from collections import defaultdict
 from typing import Any
 
-
 from .. import anyvalue
 from ..resume import ResumeIndex
 from ..resume.spans import entry_from_span
@@ -72,8 +71,13 @@ def build_resume_index(reader: Any, run_id: str, *, tape: str | None = None, tra
     return index
 
 
-def write_resume_index(reader: Any, run_id: str, out: str | os.PathLike[str]) -> int:
-    """Save a run's rebuilt index as the JSON file ``ResumeIndex.load_json`` reads; returns its size."""
-    index = build_resume_index(reader, run_id)
+def write_resume_index(reader: Any, run_id: str, out: str | os.PathLike[str], *,
+                       trace_id: str | None = None) -> ResumeIndex:
+    """Save a run's rebuilt index as the JSON file ``ResumeIndex.load_json`` reads, and return it; a run with
+    no model or tool node raises ``ValueError`` and writes nothing."""
+    index = build_resume_index(reader, run_id, trace_id=trace_id)
+    if len(index) == 0:
+        ref = run_id if trace_id is None else f"{run_id}@{trace_id}"
+        raise ValueError(f"no model or tool nodes recorded for run {ref}")
     index.save_json(out)
-    return len(index)
+    return index

@@ -169,6 +169,29 @@ class Tapes:
         run_id, trace_id = split_ref(ref)
         return build_resume_index(self.reader, run_id, trace_id=trace_id, **kwargs)
 
+    def write_resume_index(self, ref: str, out: str | os.PathLike[str]) -> Any:
+        """Save the run's ``ResumeIndex`` as the JSON file ``ResumeIndex.load_json`` reads, and return it
+        (``agenttape resume-index``). ``RunNotFound`` when no span has the run; ``ValueError`` when it has no
+        model or tool node (nothing is written then)."""
+        from ..refs import split_ref
+        from ..resume_index import write_resume_index
+
+        run_id, trace_id = split_ref(ref)
+        try:
+            return write_resume_index(self.reader, run_id, out, trace_id=trace_id)
+        except ValueError:
+            if not self.has_spans(ref):
+                raise RunNotFound(ref) from None
+            raise
+
+    def has_spans(self, ref: str, *, tape: bool = False) -> bool:
+        """Whether any span is recorded under ``ref``: as a run id (a ref's run part) or a trace id; with
+        ``tape=True`` as a run id or a tape's id, the way ``verify --run`` names a tape."""
+        from ..refs import split_ref
+
+        where, key = ("run_id = ? OR chain_id = ?", ref) if tape else ("run_id = ? OR trace_id = ?", split_ref(ref)[0])
+        return self.reader.query(f"SELECT 1 AS x FROM spans WHERE {where} LIMIT 1", [key, key]).num_rows > 0
+
     def sql(self, query: str, params: Sequence[Any] | None = None, timeout: float | None = 30.0) -> Any:
         """One read-only query (a ``pyarrow.Table``); writes and file access are refused, and the query is
         interrupted after ``timeout`` seconds (None or 0: no limit)."""
