@@ -252,3 +252,39 @@ def run_demo(db: str, *, out: Any = None, keep_going: bool = True) -> dict[str, 
     result["capture_stats"] = stats
     result["seconds"] = round(time.monotonic() - started, 2)
     return result
+
+
+class DemoError(RuntimeError):
+    """The demo cannot run on this store: a server holds it, or it cannot be written or read back."""
+
+
+def record_demo(db: str) -> dict[str, Any]:
+    """``run_demo`` into ``db`` (which no running server may hold), then read the store back as a user would:
+    ``run_demo``'s report plus ``tree`` (the ``RunTree`` rebuilt from the store, no model call), ``tapes``
+    (the verification reports of the demo's tape, or of every tape when none is the demo run's) and
+    ``verified`` (every one of them valid). ``agenttape demo`` prints this."""
+    from otel_agenttape.receiver.server import read_discovery
+    from otel_agenttape.store.reader import StoreError, open_reader
+    from otel_agenttape.tape.rebuild import reconstruct_tree
+    from otel_agenttape.tape.verification import verify_store
+
+    holder = read_discovery(db)
+    if holder is not None:
+        raise DemoError(f"cannot run the demo: {db} is in use by `agenttape serve` (pid {holder['pid']} at "
+                        f"{holder.get('url')}); use another --db")
+    try:
+        result = run_demo(db)
+    except (OSError, StoreError) as exc:
+        raise DemoError(f"cannot run the demo: {exc}") from None
+    try:
+        reader = open_reader(db)
+    except StoreError as exc:
+        raise DemoError(str(exc)) from None
+    try:
+        tree = reconstruct_tree(reader, result["run_id"])
+        reports = verify_store(reader)
+    finally:
+        reader.close()
+    tapes = [r for r in reports if r.chain_id == result["run_id"]] or reports
+    result.update(tree=tree, tapes=tapes, verified=bool(tapes) and all(r.valid for r in tapes))
+    return result

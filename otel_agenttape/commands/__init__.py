@@ -1,5 +1,7 @@
-"""The ``agenttape`` subcommands, one module per area (layer 4, beside ``cli.py``).
+"""The ``agenttape`` subcommands: one module per verb (``lake`` holds its three actions), layer 4 beside ``cli.py``.
 
-They parse nothing themselves: ``cli.py`` builds the parser and calls ``cmd_*(args)``; these modules
-open sources, call the library and print.
+Each verb module has ``run(args) -> int``, a thin shell over a public function (most read through
+``otel_agenttape.open`` / ``Tapes``). They parse nothing themselves: ``cli.py`` builds the parser and calls
+``run``. A command raises ``errors.CliError`` for a one-line error (exit 2); shared helpers: ``sources``
+(what a command reads), ``output`` (tables and short values), ``keys`` (``--key``).
 """

@@ -1,15 +1,16 @@
-"""The lake's CLI commands: ``agenttape lake compact``, ``lake retain`` and ``lake status``.
+"""``agenttape lake compact``, ``lake retain`` and ``lake status``: one verb with three actions.
 
 Thin shells over ``otel_agenttape.store.lake.maintain``; each returns an exit code.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from typing import Any
 
-from otel_agenttape.cli import CliError
+from otel_agenttape.commands.errors import CliError, reported
 
 _AGE = re.compile(r"^\s*(\d+)\s*d?\s*$")
 
@@ -25,10 +26,8 @@ def parse_days(text: str) -> int:
 def _call(fn: Any, *a: Any, **kw: Any) -> Any:
     from otel_agenttape.store.lake.fs import LakeError
 
-    try:
+    with reported(LakeError, OSError, ValueError, RuntimeError):
         return fn(*a, **kw)
-    except (LakeError, OSError, ValueError, RuntimeError) as exc:
-        raise CliError(str(exc)) from None
 
 
 def cmd_compact(args: Any) -> int:
@@ -70,3 +69,8 @@ def cmd_status(args: Any) -> int:
     for r in out["retention"]:
         print(f"  retention {r['at']}: before {r['before']}, {r['files']} files, {r['rows']} rows")
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Maintain a lake: compact small files, drop old partitions, show what the manifest lists."""
+    return int({"compact": cmd_compact, "retain": cmd_retain, "status": cmd_status}[args.lake_command](args))

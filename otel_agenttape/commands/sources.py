@@ -1,60 +1,27 @@
-"""Open what a command reads from: a DuckDB store, a Parquet lake, or OTLP files.
+"""Open what a command reads from: a DuckDB store, a Parquet lake, a server, or OTLP files.
 
-OTLP files (JSON, JSON lines, protobuf, gzip) are decoded and validated like the receiver does
-and loaded into an in-memory store, so a tape can be replayed straight from an exporter's file.
+Every command reads through ``Tapes`` (``otel_agenttape.open``). OTLP files (JSON, JSON lines, protobuf,
+gzip) are decoded and validated like the receiver does and loaded into an in-memory store, so a tape can be
+replayed straight from an exporter's file.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from otel_agenttape.cli import CliError
+from otel_agenttape.commands.errors import CliError
 
-
-class _OwnedReader:
-    """A reader that also closes the in-memory store it reads."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self._reader = store.reader()
-
-    def query(self, sql: str, params: Sequence[Any] | None = None) -> Any:
-        return self._reader.query(sql, params)
-
-    def close(self) -> None:
-        self._reader.close()
-        self._store.close()
+T = TypeVar("T")
 
 
-def open_source(db: str | None = None, parquet: str | None = None, otlp: Sequence[str] | None = None,
-                lake: Sequence[str] | None = None) -> Any:
-    """A reader over OTLP files if given, else lakes (``--lake``, with any DuckDB files listed there),
-    else a Parquet lake, else a DuckDB store (or a lake as --db)."""
-    from otel_agenttape.receiver.files import OtlpFileError, load_otlp_files
-    from otel_agenttape.store.reader import StoreError, open_lake, open_reader
+def store_errors() -> tuple[type[BaseException], ...]:
+    """What reading or writing a store raises for the user to read (``errors.reported`` turns it into one line)."""
+    from otel_agenttape.store.reader import StoreError
 
-    try:
-        if otlp:
-            return _OwnedReader(load_otlp_files(otlp))
-        if lake:
-            return open_lake(list(lake))
-        if parquet:
-            if not os.path.isdir(parquet):
-                raise CliError(f"no Parquet lake at {parquet}")
-            return open_lake(parquet)
-        if not db:
-            raise CliError("no source: give --db, --parquet or --otlp")
-        return open_reader(db)
-    except (StoreError, OtlpFileError) as exc:
-        raise CliError(str(exc)) from None
-
-
-def open_args(args: Any) -> Any:
-    """``open_source`` from a command's ``--db``, ``--parquet`` and ``--otlp`` options."""
-    return open_source(getattr(args, "db", None), getattr(args, "parquet", None), getattr(args, "otlp", None),
-                       getattr(args, "lake", None))
+    return (StoreError, FileExistsError, OSError, ValueError)
 
 
 def source_of(args: Any) -> Any:
@@ -74,13 +41,54 @@ def source_of(args: Any) -> Any:
     return db
 
 
-def open_tapes(args: Any) -> Any:
-    """``otel_agenttape.open`` on a command's source; a source that cannot be read is a one-line error."""
+def _one_line(open_: Callable[[], T]) -> T:
     from otel_agenttape.receiver.files import OtlpFileError
-    from otel_agenttape.sources import open as open_source_tapes
     from otel_agenttape.store.reader import StoreError
 
     try:
-        return open_source_tapes(source_of(args))
+        return open_()
     except (StoreError, OtlpFileError) as exc:
         raise CliError(str(exc)) from None
+
+
+def open_tapes(args: Any) -> Any:
+    """``otel_agenttape.open`` on a command's source; a source that cannot be read is a one-line error."""
+    from otel_agenttape.sources import open as open_source_tapes
+
+    return _one_line(lambda: open_source_tapes(source_of(args)))
+
+
+def open_args(args: Any) -> Any:
+    """``Tapes`` over a command's source, each flag opened as what it names: ``--otlp`` files as OTLP whatever
+    their names, ``--lake`` and ``--parquet`` as lakes (an exported folder read by its layout), ``--db`` as a
+    store (the integrity commands read this way)."""
+    from otel_agenttape.receiver.files import load_otlp_files
+    from otel_agenttape.store.reader import open_lake, open_reader
+    from otel_agenttape.tape.read import Tapes
+
+    source = source_of(args)
+
+    def open_() -> Any:
+        if getattr(args, "otlp", None):
+            store = load_otlp_files(source)
+            return Tapes(store.reader(), closer=store.close)
+        if getattr(args, "lake", None) or getattr(args, "parquet", None):
+            return Tapes(open_lake(source))
+        return Tapes(open_reader(source))
+
+    return _one_line(open_)
+
+
+def read(args: argparse.Namespace, fn: Callable[[Any], T]) -> T:
+    """Run ``fn(tapes)`` on the command's source; an unknown or ambiguous run is a one-line error (exit 2)."""
+    from otel_agenttape.tape.refs import AmbiguousRunError, RunNotFound
+
+    tapes = open_tapes(args)
+    try:
+        return fn(tapes)
+    except AmbiguousRunError as exc:
+        raise CliError(f"{exc}\n" + "\n".join(f"  {c}" for c in exc.candidates)) from None
+    except RunNotFound as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        tapes.close()

@@ -1,0 +1,50 @@
+"""``agenttape runs``: runs of every source, newest first (``Tapes.runs``)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from typing import Any, TextIO
+
+from otel_agenttape.commands.errors import reported
+from otel_agenttape.commands.output import print_table
+from otel_agenttape.commands.sources import source_of, store_errors
+
+_RUN_COLUMNS = ("ref", "agent", "source", "status", "session_id", "parent_ref", "errors", "start_time",
+                "duration_ms", "model_calls", "tool_calls", "input_tokens", "output_tokens")
+
+
+def _iso(ns: int) -> str:
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.timezone.utc).replace(tzinfo=None).isoformat()
+
+
+def runs(db: Any, limit: int = 20, as_json: bool = False, out: TextIO | None = None, **filters: Any) -> int:
+    """List runs of every source newest first, with a footer saying how many more match."""
+    import pyarrow as pa
+
+    from otel_agenttape.sources import open as open_tapes
+
+    out = out or sys.stdout
+    with open_tapes(db) as tapes:
+        page = tapes.runs(limit=int(limit), **{k: v for k, v in filters.items() if v is not None})
+    if as_json:
+        out.write(json.dumps([r.to_dict() for r in page.runs], ensure_ascii=False, default=str) + "\n")
+        return 0
+    rows = [{**r.to_dict(), "start_time": _iso(r.start_ns)} for r in page.runs]
+    table = pa.Table.from_pylist([{c: row[c] for c in _RUN_COLUMNS} for row in rows]) if rows else pa.table(
+        {c: pa.array([], pa.string()) for c in _RUN_COLUMNS})
+    print_table(table, out, "text", whole=("ref", "parent_ref"))
+    more = page.total - len(page.runs)
+    if more > 0:
+        out.write(f"{more} more (of {page.total}): raise --limit or narrow with --agent/--status/--source/"
+                  "--session/--since\n")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """List recorded runs, newest first."""
+    with reported(*store_errors()):
+        return runs(source_of(args), limit=args.limit, as_json=args.json, agent=args.agent, status=args.status,
+                    source=args.source, session=args.session, since=args.since)
