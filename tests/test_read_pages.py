@@ -108,3 +108,79 @@ def test_pages_list_what_the_view_lists_for_every_filter(mixed):
         for session in {r["session_id"] for r in everything if r["session_id"]}:
             assert [r.to_dict() for r in tapes.session(session)] == _view(
                 tapes, Filters(session=session), oldest_first=True), session
+
+
+def _ours(run_id: str, agent: str, *, parent: str | None = None, node: str | None = None,
+          link_to=None, keep=None):
+    """An agenttape run span (or node span) in a trace of its own, as the tracer ``build`` gets it."""
+    from opentelemetry.trace import Link
+
+    def build(tracer) -> None:
+        attrs = {"agenttape.run.id": run_id, "gen_ai.agent.name": agent}
+        if node is None:
+            attrs.update({"agenttape.node.type": "run", "gen_ai.operation.name": "invoke_agent"})
+        else:
+            attrs.update({"agenttape.node.type": "tool", "gen_ai.operation.name": "execute_tool",
+                          "gen_ai.tool.name": node})
+        if parent:
+            attrs["agenttape.parent_run.id"] = parent
+        links = [Link(link_to)] if link_to is not None else None
+        with tracer.start_as_current_span(f"{run_id} {node or 'run'}", attributes=attrs, links=links) as span:
+            if keep is not None:
+                keep.append(span.get_span_context())
+
+    return build
+
+
+def test_pages_kept_between_writes_follow_the_store(tmp_path):
+    """Pages of a store being written (the writer's own database, as `agenttape serve` reads it) list what
+    the view lists after every write: runs that gain spans, a parent or a linked run arriving after its
+    children, and another source's spans arriving last."""
+    store = Store(str(tmp_path / "live.duckdb"))
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    later = SpanContext(trace_id=0xABC, span_id=0xDEF, is_remote=False, trace_flags=TraceFlags(1))
+
+    def check(tapes) -> None:
+        expected = _view(tapes, Filters())
+        for ask in ({}, {"agent": "child"}, {"status": "completed"}):
+            listed, totals = _paged(tapes, **ask)
+            assert listed == _view(tapes, Filters(**ask)), ask
+            assert totals == {len(listed)}, ask
+        return expected
+
+    try:
+        tapes = otel_agenttape.open(store)
+        store.write_traces([_spans(_ours("run-first", "first"))])
+        check(tapes)
+        store.write_traces([_spans(_ours("run-child", "child", parent="run-parent")),
+                            _spans(_ours("run-linker", "linker", link_to=later))])
+        rows = {r["ref"].split("@")[0]: r for r in check(tapes)}
+        assert rows["run-child"]["parent_ref"].endswith("@" + rows["run-child"]["trace_id"])
+        assert rows["run-linker"]["parent_ref"] is None
+        # the parent run arrives in a trace of its own; the linked span is not a run: still no parent
+        store.write_traces([_spans(_ours("run-parent", "parent"))])
+        rows = {r["ref"].split("@")[0]: r for r in check(tapes)}
+        assert rows["run-child"]["parent_ref"] == rows["run-parent"]["ref"]
+        # a run gains a node span in its trace
+        child_trace = rows["run-child"]["trace_id"]
+
+        def more(tracer) -> None:
+            from opentelemetry import trace as api
+
+            ctx = api.set_span_in_context(api.NonRecordingSpan(SpanContext(
+                trace_id=int(child_trace, 16), span_id=0x1234, is_remote=True, trace_flags=TraceFlags(1))))
+            with tracer.start_as_current_span("run-child lookup", context=ctx, attributes={
+                    "agenttape.run.id": "run-child", "agenttape.node.type": "tool",
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup"}):
+                pass
+
+        store.write_traces([_spans(more)])
+        rows = {r["ref"].split("@")[0]: r for r in check(tapes)}
+        assert rows["run-child"]["tool_calls"] == 1
+        # another instrumentation's spans: the kept keys are read again, with its runs
+        store.write_traces([_spans(_others)])
+        assert any(r["source"] != "agenttape" for r in check(tapes))
+        tapes.close()
+    finally:
+        store.close()

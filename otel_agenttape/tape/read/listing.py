@@ -7,12 +7,22 @@ view's rows for the page's runs alone, from their traces; a ``parent=`` filter r
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...store.runs_view import HAS_FOREIGN, ours_has, run_keys_select, runs_select
+from ...store.runs_view import (
+    HAS_FOREIGN,
+    ours_has,
+    ours_parent_refs,
+    ours_runs_select,
+    run_keys_select,
+    runs_select,
+)
 from ..dataset import parse_since
 from ..load import Reader, _rows
 from .summary import Page, RunSummary, decode_cursor, encode_cursor
@@ -172,7 +182,8 @@ def _window(ids: Sequence[str], windows: Mapping[str, tuple[int, int]] | None) -
     return f"start_time_unix_nano BETWEEN {lo} AND {hi} AND "
 
 
-def _summaries(reader: Reader, keys: list[dict[str, Any]], oldest_first: bool = False) -> list[dict[str, Any]]:
+def _summaries(reader: Reader, keys: list[dict[str, Any]], oldest_first: bool = False,
+               linked: set[str] | None = None) -> list[dict[str, Any]]:
     """The ``runs`` rows of these keys (``run_keys_select`` rows), computed from their spans alone: an
     agenttape run from the spans with its run id in its trace, within the time its spans start in (so the
     scan skips the row groups outside it); another source's from its whole trace."""
@@ -185,8 +196,14 @@ def _summaries(reader: Reader, keys: list[dict[str, Any]], oldest_first: bool = 
         lo, hi = min(k["span_lo"] for k in ours), max(k["span_hi"] for k in ours)
         src = (f"(SELECT * FROM spans WHERE start_time_unix_nano BETWEEN {int(lo)} AND {int(hi)} "
                f"AND trace_id IN ({_marks(traces)}) AND run_id IN ({_marks(runs)}))")
-        rows += _rows(reader, f"SELECT {RUN_COLUMNS} FROM ({runs_select(src, theirs=False)}) r "
+        found = _rows(reader, f"SELECT {RUN_COLUMNS}, run_span FROM ({ours_runs_select(src)}) r "
                       f"WHERE ref IN ({_marks(refs)})", [*traces, *runs, *refs])
+        has_links = ours_parent_refs(found, lambda sql, params: _rows(reader, sql, params))
+        if linked is not None:
+            linked |= has_links
+        for r in found:
+            del r["run_span"]
+        rows += found
     theirs = [k for k in keys if not k["ours"]]
     if theirs:
         refs = sorted({k["ref"] for k in theirs})
@@ -199,14 +216,193 @@ def _marks(values: Sequence[Any]) -> str:
     return ", ".join("?" for _ in values)
 
 
+# --- the runs' keys and summaries of a store version, kept between pages ---
+
+# Kept for every run: what a page is ordered by, and the time its spans start in.
+_KEY_COLUMNS = ["start_time_unix_nano", "span_lo", "span_hi"]
+_KEY_SELECT = f"SELECT ref, run_id, trace_id, ours, {', '.join(_KEY_COLUMNS)}"
+
+
+def store_version(reader: Reader) -> int | None:
+    """A number that changes whenever the runs of the store can have changed, or None when there is none
+    to be had cheaply. A DuckDB store (a read-only file, or the writer's own database) only ever gains
+    spans: the writer appends and never updates or deletes a span, and user SQL is refused writes, so
+    its span count (from the table's metadata, well under a millisecond) is such a number. A lake or a
+    server is asked every time."""
+    if getattr(reader, "kind", None) != "duckdb" or not hasattr(reader, "con"):
+        return None
+    return int(_rows(reader, "SELECT count(*) AS n FROM spans", [])[0]["n"])
+
+
+class _Kept:
+    """One store version's runs keys, newest first (an Arrow table), and the summaries read so far."""
+
+    def __init__(self, version: int, rows_seen: int, keys: Any, foreign: bool) -> None:
+        self.version = version
+        self.rows_seen = rows_seen  # every span with a rowid below this is in ``keys``
+        self.keys = keys
+        self.foreign = foreign
+        self.summaries: dict[str, dict[str, Any]] = {}
+        self.filtered: dict[tuple[Any, ...], Any] = {}  # the matching keys of a filter, this version only
+        self.linked: set[str] = set()  # refs whose parent may come from a link to spans not there yet
+
+
+_KEPT: weakref.WeakKeyDictionary[Any, _Kept] = weakref.WeakKeyDictionary()
+_KEPT_LOCK = threading.Lock()
+# Above this many runs touched since the kept version, all keys are read again rather than theirs.
+MAX_ADVANCE_RUNS = 2_000
+# Filters whose matching keys are kept at once (the console's filter boxes, a few at a time).
+MAX_KEPT_FILTERS = 32
+
+
+def _kept(reader: Reader) -> _Kept | None:
+    """What is kept for the store's current version (brought up to it from an older one), or None."""
+    version = store_version(reader)
+    if version is None:
+        return None
+    try:
+        kept = _KEPT.get(reader)
+    except TypeError:
+        return None
+    if kept is not None and kept.version == version:
+        return kept
+    with _KEPT_LOCK:  # one request brings the kept keys up to a version; the others wait for them
+        kept = _KEPT.get(reader)
+        version = store_version(reader) or 0
+        if kept is not None and kept.version == version:
+            return kept
+        new = None
+        if kept is not None and kept.keys is not None and not kept.foreign:
+            new = _advance(reader, kept, version)
+        if new is None:
+            new = _Kept(version, 0, None, has_foreign(reader))
+        _KEPT[reader] = new
+        return new
+
+
+def _all_keys(reader: Reader, kept: _Kept) -> Any:
+    """Every run's keys, newest first, read at the kept version (once)."""
+    with _KEPT_LOCK:
+        if kept.keys is None:
+            rows_seen = int(_rows(reader, "SELECT coalesce(max(rowid) + 1, 0) AS n FROM spans", [])[0]["n"])
+            keys = _sorted(reader.query(f"{_KEY_SELECT} FROM {run_keys_select(_KEY_COLUMNS, kept.foreign)} c", []))
+            if store_version(reader) != kept.version:
+                return keys  # written to meanwhile: right for this page, not kept under the older version
+            kept.keys, kept.rows_seen = keys, rows_seen
+        return kept.keys
+
+
+def _sorted(table: Any) -> Any:
+    return table.sort_by([("start_time_unix_nano", "descending"), ("ref", "descending")])
+
+
+def _advance(reader: Reader, kept: _Kept, version: int) -> _Kept | None:
+    """The kept keys brought up to ``version`` by reading again only the runs the new spans belong to
+    (spans are only ever appended, at higher rowids); None when that is not the cheaper way, or the new
+    spans are not exactly the ones past the kept rowid (then everything is read again)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    new = _rows(reader, "SELECT DISTINCT run_id, trace_id, count(*) OVER () AS n FROM spans WHERE rowid >= ?",
+                [kept.rows_seen])
+    if not new or int(new[0]["n"]) != version - kept.version or any(r["run_id"] is None for r in new):
+        return None  # not appended as expected, or a span without a run id (another source's run)
+    run_ids = sorted({r["run_id"] for r in new})
+    if len(run_ids) > MAX_ADVANCE_RUNS:
+        return None
+    rows_seen = int(_rows(reader, "SELECT coalesce(max(rowid) + 1, 0) AS n FROM spans", [])[0]["n"])
+    fresh = reader.query(
+        f"{_KEY_SELECT} FROM {run_keys_select(_KEY_COLUMNS, False, runs=f'run_id IN ({_marks(run_ids)})')} c",
+        run_ids)
+    if int(_rows(reader, "SELECT count(*) AS n FROM spans", [])[0]["n"]) != version:
+        return None  # written to meanwhile: read everything at the version there is now
+    refs = fresh.column("ref")
+    rest = kept.keys.filter(pc.invert(pc.is_in(kept.keys["ref"], value_set=refs.combine_chunks())))
+    out = _Kept(version, rows_seen, _sorted(pa.concat_tables([rest, fresh.cast(rest.schema)])), False)
+    touched = set(run_ids)
+    changed = set(refs.to_pylist())
+    out.summaries = {ref: row for ref, row in kept.summaries.items()
+                     if ref not in changed and ref not in kept.linked and row["parent_run_id"] not in touched}
+    out.linked = {ref for ref in kept.linked if ref in out.summaries}
+    return out
+
+
+def _ns(value: int) -> Any:
+    """A time as an Arrow int64, held to its range (a start time never reaches either end)."""
+    import pyarrow as pa
+
+    return pa.scalar(max(-(2**63), min(int(value), 2**63 - 1)), pa.int64())
+
+
+def _kept_page(reader: Reader, kept: _Kept, filters: Filters, limit: int,
+               after: tuple[int, str] | None) -> tuple[list[dict[str, Any]], int]:
+    """The page's keys and the count of all matching runs, from the kept keys (newest first): of every
+    run, cut by time in Arrow; or, with any other filter, the filter's matching keys, read once per version
+    by the same query as an unkept page (``run_keys_select`` and ``Filters.keys_where``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    named = {f: getattr(filters, f) for f in Filters.__dataclass_fields__ if f not in ("since", "until")}
+    if any(v is not None for v in named.values()):
+        key = tuple(sorted(dataclasses.asdict(filters).items()))
+        t = kept.filtered.get(key)
+        if t is None:
+            where, columns, params = filters.keys_where()
+            t = _sorted(reader.query(
+                f"{_KEY_SELECT} FROM {run_keys_select(columns, kept.foreign, filters.narrow()[0])} c WHERE {where}",
+                params))
+            if len(kept.filtered) >= MAX_KEPT_FILTERS:
+                kept.filtered.clear()
+            kept.filtered[key] = t
+    else:
+        t = _all_keys(reader, kept)
+        start = t["start_time_unix_nano"]
+        mask = None
+        if filters.since is not None:
+            mask = pc.greater_equal(start, _ns(filters.since))
+        if filters.until is not None:
+            until = pc.less(start, _ns(filters.until))
+            mask = until if mask is None else pc.and_(mask, until)
+        if mask is not None:
+            t = t.filter(mask)
+    total = t.num_rows
+    if after is not None:
+        at, ref = after
+        s = t["start_time_unix_nano"]
+        later = pc.or_(pc.less(s, _ns(at)), pc.and_(pc.equal(s, _ns(at)), pc.less(t["ref"], pa.scalar(ref, pa.string()))))
+        t = t.filter(later)
+    return t.slice(0, limit + 1).to_pylist(), total
+
+
+def _kept_summaries(reader: Reader, kept: _Kept, keys: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    missing = [k for k in keys if k["ref"] not in kept.summaries]
+    if missing:
+        linked: set[str] = set()
+        for row in _summaries(reader, missing, linked=linked):
+            kept.summaries[row["ref"]] = row
+        kept.linked |= linked
+    return [dict(kept.summaries[k["ref"]]) for k in keys if k["ref"] in kept.summaries]
+
+
 def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None = None) -> Page:
     """One page of runs, newest first, with the count of all matching runs.
 
     The runs' keys are ordered, filtered and counted first (``run_keys_select``), then only the page's
-    runs are summarised, from their traces."""
+    runs are summarised, from their traces. On a store with a version (``store_version``) the keys of
+    every run (or of a filter's runs) and the summaries read are kept until the version changes, and
+    pages are cut from them; when agenttape spans arrive, the keys of the runs they belong to are read
+    again and the rest kept (``_advance``)."""
     limit = int(limit)
     if not 0 < limit <= MAX_LIMIT:
         raise ValueError(f"limit: between 1 and {MAX_LIMIT}")
+    kept = _kept(reader) if filters.parent is None else None
+    if kept is not None:
+        keys, total = _kept_page(reader, kept, filters, limit, decode_cursor(cursor) if cursor else None)
+        rows = _kept_summaries(reader, kept, keys[:limit])
+        runs = [RunSummary.from_row(r) for r in rows]
+        more = len(keys) > limit
+        nxt = encode_cursor(runs[-1].start_ns, runs[-1].ref) if more and runs else None
+        return Page(runs=runs, total=total, next_cursor=nxt)
     after, after_params = "true", []
     if cursor:
         start, ref = decode_cursor(cursor)

@@ -8,7 +8,7 @@ command prints (``runs``, ``show``, ``replay``, ``diff``, ``dataset``, ``verify`
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from ..dataset import DatasetResult, export_dataset
@@ -17,10 +17,13 @@ from ..load import Reader
 from ..model import Run
 from ..rebuild import reconstruct, reconstruct_tree, run_span_keys
 from ..refs import RunNotFound, resolve
-from .listing import Filters, all_matching, as_ns, by_refs, page, trace_runs
+from .listing import Filters, all_matching, as_ns, by_refs, page, store_version, trace_runs
 from .otlp import spans_otlp
 from .steps import step_dicts
 from .summary import Page, RunSummary
+
+
+MEMO_ENTRIES = 256
 
 
 class Tapes:
@@ -30,6 +33,8 @@ class Tapes:
         self.reader = reader
         self._owns = owns
         self._closer = closer
+        self._memo: dict[Any, Any] = {}
+        self._memo_version: int | None = None
 
     @property
     def description(self) -> str:
@@ -52,6 +57,24 @@ class Tapes:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """``compute()``, kept under ``key`` until the store changes (``listing.store_version``: a DuckDB
+        store, which only ever gains spans); on a store without a version, computed every time. For
+        answers that are not changed once returned (the console's JSON)."""
+        version = store_version(self.reader)
+        if version is None:
+            return compute()
+        if version != self._memo_version:
+            self._memo, self._memo_version = {}, version
+        if key in self._memo:
+            return self._memo[key]
+        value = compute()
+        if store_version(self.reader) == version:  # not written to meanwhile
+            if len(self._memo) >= MEMO_ENTRIES:
+                self._memo.clear()
+            self._memo[key] = value
+        return value
 
     # --- runs -------------------------------------------------------------------------------------
 
