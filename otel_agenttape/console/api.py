@@ -62,9 +62,16 @@ def run_summary(tapes: Any, ref: str) -> dict[str, Any]:
     return _summary(tapes, tapes.rebuild(ref))
 
 
+def _memo(tapes: Any, key: Any, compute: Any) -> Any:
+    """An answer kept by the read model until its store changes (a read model without ``memo``, as some
+    tests pass, computes every time)."""
+    memo = getattr(tapes, "memo", None)
+    return compute() if memo is None else memo(key, compute)
+
+
 def steps(tapes: Any, ref: str) -> dict[str, Any]:
     """``GET /api/runs/{ref}/steps``: the ordered step stream."""
-    return {"ref": ref, "steps": tapes.steps(ref)}
+    return {"ref": ref, "steps": _memo(tapes, ("steps", ref), lambda: tapes.steps(ref))}
 
 
 def _node(n: Any) -> dict[str, Any]:
@@ -147,6 +154,10 @@ def replay(tapes: Any, ref: str, tree: bool) -> dict[str, Any]:
 
 def tree(tapes: Any, ref: str) -> dict[str, Any]:
     """``GET /api/runs/{ref}/tree``: the run and every child run, each with an output preview and tool calls."""
+    return _memo(tapes, ("tree", ref), lambda: _tree(tapes, ref))
+
+
+def _tree(tapes: Any, ref: str) -> dict[str, Any]:
     from otel_agenttape.tape.rebuild import reconstruct_tree
 
     root = reconstruct_tree(tapes.reader, ref).root
@@ -183,8 +194,10 @@ def diff(tapes: Any, a: str | None, b: str | None) -> dict[str, Any]:
     if not a or not b:
         raise BadRequest("diff needs a=REF and b=REF")
     out = tapes.diff(a, b)
-    out["nodes_a"] = nodes(tapes, a)["nodes"]
-    out["nodes_b"] = nodes(tapes, b)["nodes"]
+    for side, ref in (("a", a), ("b", b)):
+        run = tapes.rebuild(ref)
+        out[f"nodes_{side}"] = [_node(n) for n in run.nodes]
+        out[f"agent_{side}"] = run.agent
     return out
 
 
