@@ -111,12 +111,17 @@ export function copyButton(getText) {
   return b;
 }
 
+// "1 key", "3 keys" (wrapped in ``open``/``close``).
+export function plural(n, one, many, open = "", close = "") {
+  return `${open}${n} ${n === 1 ? one : many}${close}`;
+}
+
 // Folded JSON: a summary line, the indented JSON as text, and a copy button.
 export function jsonFold(value, label, open = false) {
   const text = asText(value);
   let what = "";
   if (Array.isArray(value)) what = `[${value.length}]`;
-  else if (value && typeof value === "object") what = `{${Object.keys(value).length} keys}`;
+  else if (value && typeof value === "object") what = plural(Object.keys(value).length, "key", "keys", "{", "}");
   else what = `${text.length} chars`;
   const d = h("details", { class: "json", open: open || undefined },
     h("summary", {}, label ? `${label} ` : "", h("span", { class: "muted" }, what), copyButton(() => text)),

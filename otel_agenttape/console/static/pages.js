@@ -63,8 +63,10 @@ export async function diffView(view, a, b) {
   }
   view.appendChild(h("table", { class: "diff", id: "diff" },
     h("thead", {}, h("tr", {}, h("th", {}, "#"),
-      h("th", {}, h("a", { href: `#/run/${enc(d.ref_a || a)}` }, `A ${shortId(d.ref_a || a, 24)}`)),
-      h("th", {}, h("a", { href: `#/run/${enc(d.ref_b || b)}` }, `B ${shortId(d.ref_b || b, 24)}`)))),
+      h("th", {}, h("a", { href: `#/run/${enc(d.ref_a || a)}` }, `A ${d.agent_a || "(unnamed)"}`),
+        h("span", { class: "muted mono" }, ` ${shortId(d.ref_a || a, 16)}`)),
+      h("th", {}, h("a", { href: `#/run/${enc(d.ref_b || b)}` }, `B ${d.agent_b || "(unnamed)"}`),
+        h("span", { class: "muted mono" }, ` ${shortId(d.ref_b || b, 16)}`)))),
     h("tbody", {}, rows)));
   if (first) view.appendChild(jsonFold(first, "first divergence JSON"));
   const hit = view.querySelector("tr.diverge");

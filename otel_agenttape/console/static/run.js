@@ -2,7 +2,7 @@
 // its spans, and the replay JSON.
 
 import { download, enc, get, verification } from "./api.js";
-import { badge, clear, fmtDuration, fmtInt, fmtTime, h, jsonFold, longText, put, shortId, valueView } from "./dom.js";
+import { badge, clear, fmtDuration, fmtInt, fmtTime, h, jsonFold, longText, plural, put, shortId, valueView } from "./dom.js";
 import { verifyBadge } from "./runs.js";
 
 function message(m) {
@@ -153,7 +153,7 @@ export async function runView(view, ref, params) {
     const t = data.totals;
     panel.append(h("p", { class: "totals" },
       `${t.model_calls} model and ${t.tool_calls} tool nodes · ${fmtDuration(t.duration_ms)} · tokens in ` +
-      `${fmtInt(t.usage.input_tokens || 0)} / out ${fmtInt(t.usage.output_tokens || 0)} · ${t.errors} errors`),
+      `${fmtInt(t.usage.input_tokens || 0)} / out ${fmtInt(t.usage.output_tokens || 0)} · ${plural(t.errors, "error", "errors")}`),
     h("div", { class: "nodes", id: "nodes" }, data.nodes.map(nodeView)));
   } else if (tab === "timeline") {
     panel.appendChild(waterfall(await get(`runs/${enc(ref)}/spans`)));

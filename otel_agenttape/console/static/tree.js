@@ -2,7 +2,7 @@
 // bus line), drawn in SVG, panned by dragging and zoomed with the wheel; a click opens that run.
 
 import { enc, get } from "./api.js";
-import { clear, fmtDuration, fmtInt, h, s, put } from "./dom.js";
+import { clear, fmtDuration, fmtInt, h, plural, s, put } from "./dom.js";
 
 const W = 230, H = 118, GX = 26, GY = 64, ROW_GAP = 46, WRAP = 6;
 
@@ -104,7 +104,8 @@ function nodeBox(n, open) {
   g.appendChild(s("text", { class: "g-status", x: 16, y: 37 }, `${n.status} · ${fmtDuration(n.duration_ms)}`));
   wrap(preview || "(no output)", 31, 2).forEach((line, i) =>
     g.appendChild(s("text", { class: "g-out", x: 16, y: 57 + i * 16 }, line)));
-  g.appendChild(s("text", { class: "g-tools", x: 16, y: 95 }, cut(toolLine(n.tool_list || []), 31)));
+  g.appendChild(s("text", { class: (n.tool_list || []).length ? "g-tools" : "g-tools none", x: 16, y: 95 },
+    cut(toolLine(n.tool_list || []), 31)));
   const meta = `${n.model_calls} model · ${n.tool_calls} tool` +
     ((n.children || []).length ? ` · ${n.children.length} child${n.children.length === 1 ? "" : "ren"}` : "");
   g.appendChild(s("text", { class: "g-meta", x: 16, y: 110 }, cut(meta, 36)));
@@ -145,7 +146,7 @@ export async function treeView(view, ref) {
     h("div", { class: "bar" }, h("h1", {}, `Tree of ${root.agent || "(unnamed)"}`),
       h("a", { href: `#/run/${enc(root.ref)}`, class: "button" }, "Open the root run")),
     h("p", { class: "totals" }, `${t.runs} runs · ${t.models} model and ${t.tools} tool calls · tokens in ` +
-      `${fmtInt(t.input)} / out ${fmtInt(t.output)} (each run's own calls, counted once) · ${t.errors} errors · ` +
+      `${fmtInt(t.input)} / out ${fmtInt(t.output)} (each run's own calls, counted once) · ${plural(t.errors, "error", "errors")} · ` +
       "drag to pan, wheel to zoom, click a node to open its run"),
     wrap);
 
