@@ -15,8 +15,11 @@ import contextvars
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
+
+# The scripted model answers with the replay's result type, so the agent code reads a scripted, a replayed
+# (``ReplayModelClient``) and a recorded answer alike.
+from otel_agenttape.tape.replay import ModelResult
 
 MODEL = "demo-model-1"
 PROVIDER = "demo"
@@ -27,21 +30,10 @@ class TransientModelError(RuntimeError):
     """A retryable provider error (the scripted model raises it once, to show a retry)."""
 
 
-@dataclass
-class DemoResult:
-    """What a scripted (or replayed) model call returns: text, raw payload, tool calls, usage."""
-
-    text: str
-    raw: Any = None
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    reasoning: str = ""
-    deltas: list[str] = field(default_factory=list)
-
-
 class _Stream:
-    def __init__(self, result: DemoResult) -> None:
+    def __init__(self, result: ModelResult) -> None:
         self._result = result
-        self.result: DemoResult | None = None
+        self.result: ModelResult | None = None
 
     def __iter__(self) -> Iterator[str]:
         yield from self._result.deltas
@@ -79,10 +71,10 @@ class ScriptedModel:
     def stream(self, request: dict[str, Any]) -> _Stream:
         return _Stream(self._answer(request))
 
-    def create(self, request: dict[str, Any]) -> DemoResult:
+    def create(self, request: dict[str, Any]) -> ModelResult:
         return self._answer(request)
 
-    def _answer(self, request: dict[str, Any]) -> DemoResult:
+    def _answer(self, request: dict[str, Any]) -> ModelResult:
         messages = request["messages"]
         system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
         last = messages[-1]
@@ -112,7 +104,7 @@ class ScriptedModel:
             text = ("Recommendation: adopt OpenTelemetry for agent traces. It is vendor-neutral, the GenAI "
                     "conventions cover model and tool calls, and the risks are manageable.")
             calls, reasoning = [], "Both specialists agree; write the decision."
-        return DemoResult(text=text, raw=_raw(text, calls, prompt_tokens), tool_calls=calls,
+        return ModelResult(text=text, raw=_raw(text, calls, prompt_tokens), tool_calls=calls,
                           reasoning=reasoning, deltas=_chunks(text))
 
 

@@ -30,28 +30,26 @@ def _call(fn: Any, *a: Any, **kw: Any) -> Any:
         return fn(*a, **kw)
 
 
+def _report(args: Any, out: dict[str, Any], text: str) -> int:
+    """Print the action's result: its JSON with ``--json``, else the one line ``text``."""
+    print(json.dumps(out) if args.json else text)
+    return 0
+
+
 def cmd_compact(args: Any) -> int:
     from otel_agenttape.store.lake.maintain import compact
 
     out = _call(compact, args.lake, target_bytes=int(args.target_mb * 1024 * 1024), grace_seconds=args.grace)
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(f"compacted {out['merged_files']} files into {out['written_files']} ({out['rows']} rows); "
-              f"deleted {out['deleted']} files past the grace period; snapshot {out['generation']}")
-    return 0
+    return _report(args, out, f"compacted {out['merged_files']} files into {out['written_files']} ({out['rows']} "
+                              f"rows); deleted {out['deleted']} files past the grace period; snapshot {out['generation']}")
 
 
 def cmd_retain(args: Any) -> int:
     from otel_agenttape.store.lake.maintain import retain
 
     out = _call(retain, args.lake, parse_days(args.older_than), grace_seconds=args.grace)
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(f"removed {out['removed_files']} files ({out['rows']} rows) dated before {out['before']}; "
-              f"recorded {out['chains']} tape ranges as removed by retention; deleted {out['deleted']} files")
-    return 0
+    return _report(args, out, f"removed {out['removed_files']} files ({out['rows']} rows) dated before {out['before']}; "
+                              f"recorded {out['chains']} tape ranges as removed by retention; deleted {out['deleted']} files")
 
 
 def cmd_status(args: Any) -> int:
