@@ -26,6 +26,7 @@ from .roles import (  # noqa: F401 - the role names are read as foreign.RUN, for
     RUN,
     SESSION_KEYS,
     TOOL,
+    _first,
     _is_indexed,
     classify,
     convention,
@@ -132,14 +133,6 @@ def _int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
-
-
-def _first(a: dict[str, Any], *keys: str) -> Any:
-    for k in keys:
-        v = a.get(k)
-        if v is not None and v != "":
-            return v
-    return None
 
 
 def usage_of(a: dict[str, Any]) -> Usage:

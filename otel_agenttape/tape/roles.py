@@ -21,6 +21,7 @@ LLM_REQUEST_TYPE = sc.LLM_REQUEST_TYPE
 
 
 def _first(a: dict[str, Any], *keys: str) -> Any:
+    """The first of ``keys`` set to a non-empty value in ``a`` (foreign.py reads attributes with it too)."""
     for k in keys:
         v = a.get(k)
         if v is not None and v != "":
