@@ -82,14 +82,14 @@ def _node_attrs(exporter):
 def test_bare_start_only_on_our_own_chain_and_same_result():
     exporter = InMemorySpanExporter()
     tape = otel_agenttape.setup(exporter=exporter)
-    assert tape.listener._bare.ok()
+    assert tape.listener.spans.bare_start.ok()
     _capture(tape)
     tape.force_flush()
     bare = _node_attrs(exporter)
     exporter.clear()
     spy = _StartSpy()
     tape.tracer_provider.add_span_processor(spy)  # a processor that reads attributes at start
-    assert not tape.listener._bare.ok()
+    assert not tape.listener.spans.bare_start.ok()
     _capture(tape)
     tape.force_flush()
     full = _node_attrs(exporter)
@@ -131,7 +131,7 @@ def test_other_processor_on_app_provider_disables_bare_start():
     app_exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(app_exporter))
     tape = otel_agenttape.instrument(provider, exporter=InMemorySpanExporter())
-    assert not tape.listener._bare.ok()
+    assert not tape.listener.spans.bare_start.ok()
     tape.shutdown()
 
 

@@ -299,3 +299,25 @@ def test_records_without_tracer():
     listener(ev(T.STEP_END))
     [rec] = sink.records("MODEL")
     assert rec.output_text == "y" and rec.trace_id is None and rec.input_tokens == 1
+
+
+def test_attribute_order_of_node_spans_is_fixed(env):
+    # Exported bytes (and what a tape seals) follow the attribute order: operation attributes, node
+    # identity, request parameters, the caller's extras, content; completion adds its own after them.
+    listener, _, exporter = env
+    listener(ev(T.RUN_START, step=None, agent="a"))
+    listener(ev(T.MODEL_REQUEST, payload={"model": "m", "messages": [], "max_tokens": 5, "temperature": 0.1},
+                attributes={"x": 1}))
+    listener(ev(T.STEP_END))
+    listener(ev(T.TOOL_CALL, tool_name="t", call_id="c", payload={"q": 1}))
+    listener(ev(T.TOOL_RESULT, tool_name="t", call_id="c", error="KeyError: q", payload=None))
+    listener(ev(T.RUN_END, step=None))
+    spans = spans_by_name(exporter)
+    identity = [sc.GEN_AI_AGENT_NAME, sc.RUN_ID, sc.SESSION_ID, sc.TURN_ID, sc.STEP, sc.NODE_TYPE, sc.NODE_ID,
+                sc.RECORD_ID]
+    assert list(spans["chat m"].attributes)[:15] == [
+        sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_REQUEST_MODEL, *identity, sc.GEN_AI_REQUEST_MAX_TOKENS,
+        sc.GEN_AI_REQUEST_TEMPERATURE, "x", sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_RESPONSE_MODEL]
+    assert list(spans["execute_tool t"].attributes) == [
+        sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_TOOL_NAME, sc.GEN_AI_TOOL_CALL_ID, sc.GEN_AI_TOOL_TYPE, *identity,
+        sc.GEN_AI_TOOL_CALL_ARGUMENTS, sc.TOOL_ERROR, sc.ERROR_TYPE]

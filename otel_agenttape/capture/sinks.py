@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import orjson
 
 from otel_agenttape.capture.jsonutil import _default
 from otel_agenttape.capture.records import NodeRecord
+from otel_agenttape.capture.stats import CaptureStats
 
 
 class NodeSink(Protocol):
@@ -62,3 +65,45 @@ class JsonlSink:
             return []
         with open(self.path, "rb") as fh:
             return [orjson.loads(line) for line in fh if line.strip()]
+
+
+class RecordFanout:
+    """Writes each completed node record to every sink in ``sinks`` (a list the owner may append to),
+    redacted like the exported spans so secrets never reach disk either. A sink that raises is counted
+    in ``sink_errors``; a record whose redaction fails is counted in ``redactor_errors`` and written
+    nowhere (never unredacted when redaction was asked for)."""
+
+    __slots__ = ("sinks", "redactor", "stats")
+
+    def __init__(self, sinks: list[NodeSink], redactor: Callable[[str], str] | None, stats: CaptureStats) -> None:
+        self.sinks = sinks
+        self.redactor = redactor
+        self.stats = stats
+
+    def write(self, record: NodeRecord) -> None:
+        if self.redactor is not None:
+            try:
+                record = self._redacted(record)
+            except Exception:
+                self.stats.incr("redactor_errors")
+                return
+        for sink in self.sinks:
+            try:
+                sink.write(record)
+            except Exception:
+                self.stats.incr("sink_errors")
+
+    def _redacted(self, record: NodeRecord) -> NodeRecord:
+        deep = self._redact_deep
+        return dataclasses.replace(record, inputs=deep(record.inputs), outputs=deep(record.outputs),
+                                   output_text=deep(record.output_text), reasoning_text=deep(record.reasoning_text),
+                                   error=deep(record.error))
+
+    def _redact_deep(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.redactor(value) if value else value  # type: ignore[misc]
+        if isinstance(value, dict):
+            return {k: self._redact_deep(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self._redact_deep(v) for v in value]
+        return value
