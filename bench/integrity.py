@@ -34,11 +34,11 @@ from opentelemetry.sdk.trace.export import (
 
 from otel_agenttape import semconv
 from otel_agenttape.anyvalue import attrs_from_python
-from otel_agenttape.capture import sealing as sealing_module
+from otel_agenttape.capture import sealing_fast as sealing_module
 from otel_agenttape.capture.sealing import SealingSpanProcessor
 from otel_agenttape.integrity import Chain, Signer, leaf_from_sdk, sign_note
 from otel_agenttape.integrity import chain as chain_module
-from otel_agenttape.integrity import leaf as leaf_module
+from otel_agenttape.integrity import leaf_fast as leaf_module
 from otel_agenttape.integrity.checkpoint import Checkpoint
 from otel_agenttape.store import rows as store_rows
 from otel_agenttape.store.reader import open_reader
@@ -133,7 +133,7 @@ class _Capture(SimpleSpanProcessor):
 def native_status() -> str:
     """Which compiled sealing parts are in use: the leaf writer, the chain step, the sealing step."""
     parts = {"leaf": leaf_module.NATIVE, "chain": chain_module.NATIVE,
-             "seal_step": sealing_module._native_seal is not None}
+             "seal_step": sealing_module.step is not None}
     on = "yes" if all(parts.values()) else ("partly" if any(parts.values()) else "no")
     return f"native={on} (" + " ".join(f"{k}={'yes' if v else 'no'}" for k, v in parts.items()) + ")"
 

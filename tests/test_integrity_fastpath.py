@@ -1,6 +1,6 @@
 """The fast leaf paths give exactly the general path's bytes and findings.
 
-Sealing renders the leaf of a live span with orjson sorting the keys (``leaf._fast_leaf_sdk``);
+Sealing renders the leaf of a live span with orjson sorting the keys (``leaf_fast.fast_leaf_sdk``);
 verification serializes leaves straight from the stored typed JSON and keeps them only when they
 reproduce the stored chain hash (``verification._batch_entries``). Both must agree with the general
 projection (itself differential-tested against ``rfc8785``) on every span, and the verifier must
@@ -32,12 +32,8 @@ from opentelemetry.trace import (
 )
 
 from otel_agenttape import semconv
-from otel_agenttape.integrity.leaf import (
-    _fast_leaf_sdk,
-    leaf_bytes,
-    leaf_from_sdk,
-    project_sdk,
-)
+from otel_agenttape.integrity.leaf import leaf_bytes, project_sdk
+from otel_agenttape.integrity.leaf_fast import fast_leaf_sdk, leaf_from_sdk
 from otel_agenttape.store.reader import open_reader
 from otel_agenttape.store.writer import Store
 from otel_agenttape.tape import verification
@@ -113,7 +109,7 @@ def test_fast_sdk_leaf_equals_general_leaf_and_rfc8785(seed, adversarial) -> Non
     fast_taken = 0
     for span in _raw_spans(seed, 25, adversarial):
         try:
-            fast = _fast_leaf_sdk(span)
+            fast = fast_leaf_sdk(span)
         except Exception:  # noqa: BLE001 - the fast path may refuse; leaf_from_sdk then takes the general path
             fast = None
         general = _general(span)
@@ -140,7 +136,7 @@ def test_fast_path_refuses_what_it_cannot_order_or_type() -> None:
     provider.shutdown()
     for span in exporter.get_finished_spans():
         try:
-            fast = _fast_leaf_sdk(span)
+            fast = fast_leaf_sdk(span)
         except Exception:  # noqa: BLE001
             fast = None
         assert fast is None, dict(span.attributes)
@@ -163,10 +159,10 @@ def test_keys_remembered_for_events_are_not_trusted_in_span_attributes() -> None
     provider.shutdown()
     first, second = exporter.get_finished_spans()
     for _ in range(2):  # the second round finds every key remembered
-        assert _fast_leaf_sdk(first) == leaf_bytes(project_sdk(first))
-        assert b"agenttape.chain.seq" in _fast_leaf_sdk(first)
+        assert fast_leaf_sdk(first) == leaf_bytes(project_sdk(first))
+        assert b"agenttape.chain.seq" in fast_leaf_sdk(first)
         try:
-            fast = _fast_leaf_sdk(second)
+            fast = fast_leaf_sdk(second)
         except Exception:  # noqa: BLE001
             fast = None
         assert fast is None

@@ -35,8 +35,9 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from otel_agenttape.integrity import leaf as leaf_mod
-from otel_agenttape.integrity.leaf import leaf_bytes, project_sdk, python_leaf_from_sdk
+from otel_agenttape.integrity import leaf_fast
+from otel_agenttape.integrity.leaf import leaf_bytes, project_sdk
+from otel_agenttape.integrity.leaf_fast import python_leaf_from_sdk
 
 try:
     _leaf = importlib.import_module("otel_agenttape.integrity._leaf")
@@ -74,8 +75,8 @@ def check(span: Any, *, taken: bool | None = None) -> bytes | None:
     if taken is not None:
         assert (native is not None) is taken, (taken, python)
     if python is not None:
-        assert leaf_mod.leaf_from_sdk(span) == python
-        assert leaf_mod.leaf_hash_from_sdk(span) == hashlib.sha256(b"\x00" + python).digest()
+        assert leaf_fast.leaf_from_sdk(span) == python
+        assert leaf_fast.leaf_hash_from_sdk(span) == hashlib.sha256(b"\x00" + python).digest()
     return native
 
 

@@ -19,8 +19,8 @@ def test_every_compiled_module_is_built_where_required():
 
 def test_no_native_turns_every_compiled_path_off():
     code = ("from otel_agenttape import native; from otel_agenttape.store import rows; "
-            "from otel_agenttape.integrity import leaf; from otel_agenttape.capture import sealing; "
-            "assert rows._spanwalk is None and not leaf.NATIVE and sealing._native_seal is None; "
+            "from otel_agenttape.integrity import leaf_fast; from otel_agenttape.capture import sealing_fast; "
+            "assert rows._spanwalk is None and not leaf_fast.NATIVE and sealing_fast.step is None; "
             "print(sorted(set(native.status().values())))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "AGENTTAPE_NO_NATIVE": "1"})

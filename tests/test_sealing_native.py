@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link
 
 from otel_agenttape import semconv
-from otel_agenttape.capture import sealing
+from otel_agenttape.capture import sealing, sealing_fast
 from otel_agenttape.integrity import Signer
 
 try:
@@ -27,7 +27,7 @@ else:
     built = True
 
 pytestmark = pytest.mark.skipif(
-    not built or sealing._native_seal is None,
+    not built or sealing_fast.step is None,
     reason="the compiled sealing step is not built or turned off (AGENTTAPE_NO_NATIVE)")
 
 KEY = Signer.generate("native.test/key")
@@ -90,7 +90,7 @@ def _replay(monkeypatch, compiled: bool, **opts) -> tuple[list, dict, int]:
     proc._seal = counted
     with monkeypatch.context() as m:
         if not compiled:
-            m.setattr(sealing, "_native_seal", None)
+            m.setattr(sealing_fast, "step", None)
         for kind, span in CALLS:
             proc.on_start(span) if kind == "start" else proc.on_end(span)
         proc.shutdown()

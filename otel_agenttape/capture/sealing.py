@@ -26,23 +26,18 @@ from typing import Any
 
 import orjson
 from opentelemetry import trace as trace_api
-from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace.status import Status
 
-from otel_agenttape import native, semconv
-from otel_agenttape.integrity import leaf as _leaf
+from otel_agenttape import semconv
+from otel_agenttape.capture import sealing_fast as _fast
+from otel_agenttape.capture.sealed_span import SealedSpan, make_otlp_safe
+from otel_agenttape.capture.sealing_fast import SealState, Tape
 from otel_agenttape.integrity.chain import Chain
 from otel_agenttape.integrity.checkpoint import Checkpoint, read_checkpoint_file
 from otel_agenttape.integrity.jcs import CanonicalError
-from otel_agenttape.integrity.leaf import (
-    NotOtlpSafe,
-    _raw,
-    clean_text,
-    leaf_hash_from_sdk,
-    otlp_safe_attributes,
-)
+from otel_agenttape.integrity.leaf import NotOtlpSafe, raw_attributes
+from otel_agenttape.integrity.leaf_fast import leaf_hash_from_sdk
 from otel_agenttape.integrity.note import Signer, sign_note
 
 _log = logging.getLogger(__name__)
@@ -53,30 +48,6 @@ _CHAIN_ID, _CHAIN_SEQ, _CHAIN_PREV, _CHAIN_HASH, _CHAIN_EPOCH = (
 _monotonic = time.monotonic
 
 
-class SealedSpan(ReadableSpan):
-    """A copy of an ended span with other attributes (and events), keeping its dropped counts."""
-
-    def __init__(self, span: ReadableSpan, attributes: dict[str, Any], events: tuple | None = None) -> None:
-        d = span.__dict__.copy()  # one shallow copy; the dropped counts are read from the original
-        d["_original"] = span
-        d["_attributes"] = attributes
-        if events is not None:
-            d["_events"] = events
-        self.__dict__ = d
-
-    @property
-    def dropped_attributes(self) -> int:
-        return self._original.dropped_attributes
-
-    @property
-    def dropped_events(self) -> int:
-        return self._original.dropped_events
-
-    @property
-    def dropped_links(self) -> int:
-        return self._original.dropped_links
-
-
 def load_signer(key: Signer | str | os.PathLike[str] | None) -> Signer | None:
     """A ``Signer`` from a signer, a ``PRIVATE+KEY+...`` string or a path to a file holding one."""
     if key is None or isinstance(key, Signer):
@@ -85,35 +56,6 @@ def load_signer(key: Signer | str | os.PathLike[str] | None) -> Signer | None:
     if not text.startswith("PRIVATE+KEY+"):
         text = Path(text).read_text(encoding="utf-8").strip()
     return Signer.parse(text)
-
-
-class _Tape:
-    __slots__ = (
-        "chain",
-        "chain_id",
-        "cp_base",
-        "from_run",
-        "last_cp_size",
-        "last_cp_time",
-        "resource",
-        "restore_ext",
-        "root_ctx",
-        "root_span_id",
-        "trace_id",
-    )
-
-    def __init__(self, trace_id: int, chain_id: str, from_run: bool) -> None:
-        self.trace_id = trace_id
-        self.chain_id = chain_id
-        self.from_run = from_run
-        self.root_span_id: int | None = None
-        self.root_ctx: Any = None
-        self.chain: Chain | None = None
-        self.resource: Any = None
-        self.last_cp_size = -1
-        self.cp_base = 0  # max(last_cp_size, 0): the cadence counts from here
-        self.last_cp_time = time.monotonic()
-        self.restore_ext: str | None = None
 
 
 class SealingSpanProcessor(SpanProcessor):
@@ -158,30 +100,33 @@ class SealingSpanProcessor(SpanProcessor):
         if checkpoint_file is None and os.environ.get("AGENTTAPE_CHECKPOINTS"):
             checkpoint_file = os.environ["AGENTTAPE_CHECKPOINTS"]
         self.checkpoint_file = Path(checkpoint_file) if checkpoint_file else None
-        self.checkpoint_every = max(1, int(checkpoint_every))
-        self.checkpoint_interval_s = float(checkpoint_interval_s)
-        self.checkpoint_on_nodes = checkpoint_on_nodes
-        self.seal_foreign = seal_foreign
+        # the lock, the tapes, the cadence and the sealed count: shared with the compiled step
+        self._state = SealState(max(1, int(checkpoint_every)), float(checkpoint_interval_s),
+                                bool(checkpoint_on_nodes), bool(seal_foreign))
         self.export_checkpoints = export_checkpoints
         self.on_node = on_node
         self.on_checkpoint = on_checkpoint
         self.fsync = fsync
         self.errors = 0
-        self.sealed = 0
         self.checkpoints = 0
         self.coerced = 0
-        self._lock = threading.Lock()
         self._file_lock = threading.Lock()
-        self._tapes: dict[int, _Tape] = {}
         self._last_epochs = self._read_epochs()
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
+
+    # the settings and the count live in the state the compiled step reads (sealing_fast.SealState)
+    checkpoint_every = property(lambda self: self._state.every, doc="a checkpoint at least every N spans")
+    checkpoint_interval_s = property(lambda self: self._state.interval, doc="... and every N seconds")
+    checkpoint_on_nodes = property(lambda self: self._state.on_nodes, doc="... and at every node end")
+    seal_foreign = property(lambda self: self._state.seal_foreign, doc="seal other scopes' spans too")
+    sealed = property(lambda self: self._state.sealed, doc="spans sealed so far")
 
     # --- SpanProcessor ---------------------------------------------------------------------------
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         try:
-            tape = self._tapes.get(span.context.trace_id)
+            tape = self._state.tapes.get(span.context.trace_id)
             # the common case inside a run: nothing to record (these fields are only ever set once)
             if tape is None or tape.root_span_id is None or not (tape.from_run or tape.chain is not None):
                 self._register(span)
@@ -196,7 +141,12 @@ class SealingSpanProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
-            sealed, due = _native_seal(self, span) if _native_seal is not None else self._seal(span)
+            step = _fast.step
+            if step is None:
+                sealed, due = self._seal(span)
+            else:
+                sealed, lh = step(self._state, span)
+                sealed, due = self._seal(span, lh) if sealed is None else (sealed, None)
         except Exception:
             self.errors += 1
             _log.debug("sealing failed; forwarding the span unsealed", exc_info=True)
@@ -208,7 +158,7 @@ class SealingSpanProcessor(SpanProcessor):
         if due is not None:
             self._emit_checkpoint(*due)
         if self.on_node is not None and sealed is not span:
-            if _raw(sealed).get(semconv.NODE_TYPE) in NODE_TYPES:
+            if raw_attributes(sealed).get(semconv.NODE_TYPE) in NODE_TYPES:
                 try:
                     self.on_node(sealed)
                 except Exception:
@@ -234,17 +184,17 @@ class SealingSpanProcessor(SpanProcessor):
     def _register(self, span: Any) -> None:
         ctx = span.context
         parent = span.parent
-        run_id = _raw(span).get(semconv.RUN_ID)
-        tape = self._tapes.get(ctx.trace_id)
+        run_id = raw_attributes(span).get(semconv.RUN_ID)
+        tape = self._state.tapes.get(ctx.trace_id)
         if tape is not None and tape.root_span_id is not None and (not run_id or tape.from_run or tape.chain is not None):
             return  # the common case inside a run: nothing to record (these fields are only ever set once)
-        with self._lock:
-            tape = self._tapes.get(ctx.trace_id)
+        with self._state.lock:
+            tape = self._state.tapes.get(ctx.trace_id)
             if tape is None:
                 if run_id is None and not self.seal_foreign and not _ours(span):
                     return
-                tape = _Tape(ctx.trace_id, str(run_id) if run_id else f"{ctx.trace_id:032x}", bool(run_id))
-                self._tapes[ctx.trace_id] = tape
+                tape = Tape(self._state, ctx.trace_id, str(run_id) if run_id else f"{ctx.trace_id:032x}", bool(run_id))
+                self._state.tapes[ctx.trace_id] = tape
             elif run_id and not tape.from_run and tape.chain is None:
                 tape.chain_id, tape.from_run = str(run_id), True  # the outermost run names the tape
             if (parent is None or parent.is_remote) and tape.root_span_id is None:
@@ -253,27 +203,28 @@ class SealingSpanProcessor(SpanProcessor):
 
     def _seal(self, span: ReadableSpan, lh: bytes | None = None) -> tuple[ReadableSpan, tuple | None]:
         """The sealed copy of ``span`` and the checkpoint now due (``lh``: its leaf hash, if known)."""
-        if not self.seal_foreign and not _ours(span):
+        state = self._state
+        if not state.seal_foreign and not _ours(span):
             return span, None
         events = None
         try:
             if lh is None:
                 lh = leaf_hash_from_sdk(span)
         except (NotOtlpSafe, CanonicalError, UnicodeEncodeError):
-            span = _make_safe(span)
+            span = make_otlp_safe(span)
             events = span._events
             self.coerced += 1
             lh = leaf_hash_from_sdk(span)
-        attrs = _raw(span)
+        attrs = raw_attributes(span)
         ctx = span.context
         trace_id = ctx.trace_id
         now = _monotonic()
         opening = None
-        with self._lock:
-            tape = self._tapes.get(trace_id)
+        with state.lock:
+            tape = state.tapes.get(trace_id)
             if tape is None:
-                tape = _Tape(trace_id, f"{trace_id:032x}", False)
-                self._tapes[trace_id] = tape
+                tape = Tape(state, trace_id, f"{trace_id:032x}", False)
+                state.tapes[trace_id] = tape
             chain = tape.chain
             if chain is None:
                 opening = self._open_chain(tape)
@@ -281,21 +232,21 @@ class SealingSpanProcessor(SpanProcessor):
             cid, epoch, seq, prev, h = chain.append_hash(lh)
             if tape.resource is None:
                 tape.resource = span.resource
-            self.sealed += 1
+            state.sealed += 1
             closing = ctx.span_id == tape.root_span_id
             due = None
-            if (
+            if (  # (the compiled step compares with the same deadlines: SealState.schedule sets them)
                 closing
-                or chain.size - tape.cp_base >= self.checkpoint_every
-                or now - tape.last_cp_time >= self.checkpoint_interval_s
-                or (self.checkpoint_on_nodes and attrs.get(semconv.NODE_TYPE) in NODE_TYPES)
+                or chain.size >= tape.due_size
+                or now >= tape.due_time
+                or (state.on_nodes and attrs.get(semconv.NODE_TYPE) in NODE_TYPES)
             ):
                 due = self._snapshot(tape, now)
             if closing:
-                del self._tapes[trace_id]
+                del state.tapes[trace_id]
         if opening is not None:
             self._emit_checkpoint(*opening)
-        if self._timer is None:
+        if self._timer is None:  # (started by the first span sealed: the compiled step needs an open chain)
             self._ensure_timer()
         # the forwarded copy: one new attribute dict, one shallow copy of the span
         out = attrs.copy()
@@ -306,7 +257,7 @@ class SealingSpanProcessor(SpanProcessor):
         out[_CHAIN_EPOCH] = epoch
         return SealedSpan(span, out, events), due
 
-    def _open_chain(self, tape: _Tape) -> tuple | None:
+    def _open_chain(self, tape: Tape) -> tuple | None:
         last = self._last_epochs.get(tape.chain_id)
         epoch = 0 if last is None else int(last["epoch"]) + 1
         tape.chain = Chain(tape.chain_id, epoch)
@@ -322,19 +273,19 @@ class SealingSpanProcessor(SpanProcessor):
         tape.restore_ext = f"restore {last['origin']} {last['size']} {last['root']}"
         return self._snapshot(tape, time.monotonic())
 
-    def _snapshot(self, tape: _Tape, now: float) -> tuple | None:
+    def _snapshot(self, tape: Tape, now: float) -> tuple | None:
         chain = tape.chain
         if chain is None or chain.size == tape.last_cp_size:
             return None
-        tape.last_cp_size = tape.cp_base = chain.size
-        tape.last_cp_time = now
+        tape.last_cp_size = chain.size
+        self._state.schedule(tape, chain.size, now)
         ext = [f"chain {chain.head}"]
         if chain.size == 0 and tape.restore_ext:
             ext.append(tape.restore_ext)
         cp = Checkpoint(chain.origin, chain.size, chain.root(), tuple(ext))
         return (tape, cp, chain.epoch)
 
-    def _emit_checkpoint(self, tape: _Tape, cp: Checkpoint, epoch: int) -> None:
+    def _emit_checkpoint(self, tape: Tape, cp: Checkpoint, epoch: int) -> None:
         try:
             note = sign_note(cp.body(), [self.signer])
             record = {
@@ -354,7 +305,7 @@ class SealingSpanProcessor(SpanProcessor):
             self.errors += 1
             _log.debug("checkpoint failed", exc_info=True)
 
-    def _checkpoint_span(self, tape: _Tape, cp: Checkpoint, note: str) -> ReadableSpan:
+    def _checkpoint_span(self, tape: Tape, cp: Checkpoint, note: str) -> ReadableSpan:
         now = time.time_ns()
         ctx = trace_api.SpanContext(
             trace_id=tape.trace_id, span_id=random.getrandbits(64) or 1, is_remote=False,
@@ -373,14 +324,14 @@ class SealingSpanProcessor(SpanProcessor):
     def checkpoint_all(self, close: bool = False) -> int:
         """Checkpoint every open tape with unsigned entries (``close``: and forget the tapes)."""
         due = []
-        with self._lock:
+        with self._state.lock:
             now = time.monotonic()
-            for tape in list(self._tapes.values()):
+            for tape in list(self._state.tapes.values()):
                 snap = self._snapshot(tape, now)
                 if snap is not None:
                     due.append(snap)
             if close:
-                self._tapes.clear()
+                self._state.tapes.clear()
         for d in due:
             self._emit_checkpoint(*d)
         return len(due)
@@ -412,7 +363,7 @@ class SealingSpanProcessor(SpanProcessor):
     def _ensure_timer(self) -> None:
         if self._timer is not None or self.checkpoint_interval_s <= 0:
             return
-        with self._lock:
+        with self._state.lock:
             if self._timer is not None:
                 return
             self._timer = threading.Thread(target=self._tick, name="agenttape-checkpoints", daemon=True)
@@ -422,10 +373,10 @@ class SealingSpanProcessor(SpanProcessor):
         while not self._stop.wait(self.checkpoint_interval_s):
             try:
                 due = []
-                with self._lock:
+                with self._state.lock:
                     now = time.monotonic()
-                    for tape in self._tapes.values():
-                        if now - tape.last_cp_time >= self.checkpoint_interval_s:
+                    for tape in self._state.tapes.values():
+                        if now >= tape.due_time:
                             snap = self._snapshot(tape, now)
                             if snap is not None:
                                 due.append(snap)
@@ -435,57 +386,6 @@ class SealingSpanProcessor(SpanProcessor):
                 self.errors += 1
 
 
-# The compiled common case of _seal (``_sealing.pyx``): it needs the compiled leaf hash and the SDK's
-# SpanContext layout that the leaf writer checked; anything else it hands to _seal.
-_native_sealing = native.load("otel_agenttape.capture._sealing")
-_native_seal = None
-if _native_sealing is not None and _leaf._native is not None and _leaf._native.verified_span_context() is not None:
-    _native_sealing.configure(_leaf._native.leaf_hash_sdk, SealedSpan, _leaf._native.verified_span_context())
-    _native_seal = _native_sealing.seal
-
-
 def _ours(span: Any) -> bool:
     scope = span.instrumentation_scope
     return scope is not None and scope.name == semconv.SCOPE_NAME
-
-
-def _make_safe(span: ReadableSpan) -> ReadableSpan:
-    """A copy of ``span`` holding only what OTLP can carry (see ``leaf.otlp_safe``), coerced keys listed."""
-    attrs, coerced = otlp_safe_attributes(span.attributes)
-    events = []
-    for i, ev in enumerate(span.events):
-        ev_attrs, ev_coerced = otlp_safe_attributes(ev.attributes)
-        name = clean_text(ev.name)
-        if ev_coerced or name != ev.name:
-            coerced.extend(f"event:{i}:{k}" for k in ev_coerced or ["name"])
-            events.append(Event(name, _bounded(ev_attrs, ev.dropped_attributes), ev.timestamp))
-        else:
-            events.append(ev)
-    links = []
-    for i, lk in enumerate(span.links):
-        lk_attrs, lk_coerced = otlp_safe_attributes(lk.attributes)
-        if lk_coerced:
-            coerced.extend(f"link:{i}:{k}" for k in lk_coerced)
-            links.append(trace_api.Link(lk.context, _bounded(lk_attrs, lk.dropped_attributes)))
-        else:
-            links.append(lk)
-    name = clean_text(span.name)
-    if name != span.name:
-        coerced.append("name")
-    status = span.status
-    if status.description and clean_text(status.description) != status.description:
-        coerced.append("status")
-        status = Status(status.status_code, clean_text(status.description))
-    if coerced:
-        attrs[semconv.INTEGRITY_COERCED] = tuple(coerced)
-    copy = SealedSpan(span, attrs, tuple(events))
-    copy._name = name
-    copy._status = status
-    copy._links = tuple(links)
-    return copy
-
-
-def _bounded(attrs: dict[str, Any], dropped: int) -> BoundedAttributes:
-    bounded = BoundedAttributes(maxlen=None, attributes=attrs, immutable=True)
-    bounded.dropped = dropped
-    return bounded

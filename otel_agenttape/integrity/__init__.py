@@ -16,9 +16,9 @@ from otel_agenttape.integrity.leaf import (
     NotOtlpSafe,
     leaf_from_proto,
     leaf_from_row,
-    leaf_from_sdk,
     otlp_safe_attributes,
 )
+from otel_agenttape.integrity.leaf_fast import leaf_from_sdk
 from otel_agenttape.integrity.merkle import (
     ProofError,
     consistency_proof,

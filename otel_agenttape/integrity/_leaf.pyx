@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Compiled canonical leaf of a live SDK span: the bytes of ``leaf.python_leaf_from_sdk``, written directly.
+"""Compiled canonical leaf of a live SDK span: the bytes of ``leaf_fast.python_leaf_from_sdk``, written directly.
 
 ``leaf_sdk(span)`` writes the RFC 8785 leaf (``docs/integrity.md``) of an SDK ``ReadableSpan`` into a
 buffer, without the typed dicts and the orjson call of the Python fast path. It takes the same
@@ -363,7 +363,7 @@ cdef int _double(Buf* b, object v) except -1:
 
 
 cdef int _scalar(Buf* b, object v) except -1:
-    """A typed value other than a string or an array (``leaf._fast_other``)."""
+    """A typed value other than a string or an array (``leaf_fast._fast_other``)."""
     t = type(v)
     if t is int:
         _put(b, '{"i":"', 6)
@@ -477,7 +477,7 @@ cdef inline Py_ssize_t _collect(object attrs, PyObject** ks, PyObject** vs):
 
 
 cdef int _attrs(Buf* b, object attrs, bint skip_chain) except -1:
-    """A plain dict of attributes in code-point key order (``leaf._fast_attrs``)."""
+    """A plain dict of attributes in code-point key order (``leaf_fast._fast_attrs``)."""
     cdef PyObject* ks[_MAX_KEYS]
     cdef PyObject* vs[_MAX_KEYS]
     cdef Py_ssize_t n, j, idx
@@ -533,7 +533,7 @@ cdef int _attrs_sorted(Buf* b, object attrs, bint skip_chain) except -1:
 
 
 cdef object _plain(object holder):
-    """The plain dict behind an attribute holder, or what stands for it (``leaf._raw``)."""
+    """The plain dict behind an attribute holder, or what stands for it (``leaf.raw_attributes``)."""
     attrs = getattr(holder, "_attributes", None)
     if attrs is None:
         attrs = holder.attributes
