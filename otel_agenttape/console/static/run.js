@@ -83,9 +83,12 @@ function nodeView(n) {
   } else if (n.type === "tool") {
     body.push(h("h4", {}, "Arguments"), valueView(n.arguments, "arguments"));
     if (n.error) body.push(h("h4", { class: "error" }, "Error"), longText(n.error, "content error"));
-    body.push(h("h4", {}, "Result"), valueView(n.result, "result"));
+    // a failed tool usually has no result: its error says it all
+    if (!n.error || (n.result !== null && n.result !== undefined && n.result !== "")) {
+      body.push(h("h4", {}, "Result"), valueView(n.result, "result"));
+    }
   }
-  if (n.status_message) body.push(h("p", { class: "error" }, n.status_message));
+  if (n.status_message && n.status_message !== n.error) body.push(h("p", { class: "error" }, n.status_message));
   body.push(jsonFold(n, "node JSON"));
   return h("section", { class: `node node-${n.type}`, data: { span: n.span_id } }, head, h("div", { class: "node-body" }, body));
 }
