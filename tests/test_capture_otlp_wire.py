@@ -181,6 +181,33 @@ def test_an_encoding_failure_falls_back_to_the_sdk_encoder(collector, monkeypatc
     exporter.shutdown()
 
 
+def test_without_the_sdk_internals_every_span_goes_through_the_sdk_export(collector, monkeypatch):
+    # A later exporter release without the private client parts we send through: the checks say so at
+    # construction and the queue's deliver_spans is the SDK's own export, not a send that never succeeds.
+    from opentelemetry.exporter.otlp.proto.http import trace_exporter
+
+    assert TapeOtlpHttpSpanExporter(endpoint=collector).sends_bytes
+    real_init = trace_exporter.OTLPSpanExporter.__init__
+
+    def init_without_transport(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self._client = type("Client", (), {"_timeout": 1.0})()  # no _transport, _endpoint, ...
+
+    monkeypatch.setattr(trace_exporter.OTLPSpanExporter, "__init__", init_without_transport)
+    exporter = TapeOtlpHttpSpanExporter(endpoint=collector)
+    assert not exporter.sends_bytes
+    used: list[int] = []
+    monkeypatch.setattr(trace_exporter.OTLPSpanExporter, "export",
+                        lambda self, spans: used.append(len(spans)) or SpanExportResult.SUCCESS)
+    spans = [span({"n": i}, span_id=i + 1) for i in range(3)]
+    sent = exporter.deliver_spans(spans)
+    assert (sent.delivered, sent.undelivered, used) == (3, [], [3])
+    monkeypatch.setattr(trace_exporter.OTLPSpanExporter, "export", lambda self, spans: SpanExportResult.FAILURE)
+    sent = exporter.deliver_spans(spans)
+    assert sent.delivered == 0 and sent.kept == 3 and sent.undelivered[0][0]  # encoded, for the outbox
+    assert exporter.send_once(b"x", 1.0)[0].name == "RETRY"
+
+
 def test_setup_uses_it_for_http(collector):
     import otel_agenttape
 

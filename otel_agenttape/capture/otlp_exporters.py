@@ -6,8 +6,20 @@ variables, compression, TLS, the HTTP transport and gRPC channel, and their self
 bytes are the same the SDK encoder produces (tests compare them); they cost about a third of the CPU.
 Ours are the request size bound (``max_request_bytes``, split on 413), the retries (with backoff,
 within the exporter's ``timeout``, ended at once by ``shutdown``) and the account of every span
-(``deliver_spans``), which the export queue and the outbox read. Should a later exporter release move
-the internals this relies on, the export falls back to the SDK's own path.
+(``deliver_spans``), which the export queue and the outbox read.
+
+The SDK exporters have no public way to send bytes that are already encoded, so each exporter reaches
+into three private parts, each checked once at construction (``sends_bytes``):
+- HTTP, ``_client`` (the SDK's ``requests`` session wrapper) and its ``_transport``, ``_endpoint``,
+  ``_headers``, ``_compress``: one POST of our bytes, no SDK retry loop, so the response (413 to split
+  on, partial success) and the time left are ours. Checked by ``_http_transport``.
+- gRPC, ``_stub`` (the factory the SDK calls on every reconnect) and ``_client``: replaced by a stub
+  whose request serializer is the identity and which keeps the response, read for partial success
+  (the SDK's stub drops it). Checked by ``_grpc_stub_ready``; ``_initialize_channel_and_stub`` is only
+  called to reconnect at once after UNAVAILABLE, and a failure keeps the old channel.
+When a later exporter release moves any of them, ``sends_bytes`` is False and every span goes through
+the SDK's own ``export`` (its encoder, its retries), counted delivered or kept for the outbox by that
+result; only the outbox's re-sends of stored requests need the byte path and wait for it (RETRY).
 """
 
 from __future__ import annotations
@@ -97,10 +109,26 @@ def _http_outcome(status: int) -> Outcome:
     return Outcome.REFUSED
 
 
+def _http_transport(exporter: Any) -> bool:
+    """Whether the HTTP exporter's private client can send our bytes (see the module doc)."""
+    client = getattr(exporter, "_client", None)
+    return all(hasattr(client, a) for a in ("_transport", "_endpoint", "_headers", "_compress")) and callable(
+        getattr(getattr(client, "_transport", None), "request", None))
+
+
+def _grpc_stub_ready(exporter: Any) -> bool:
+    """Whether the gRPC exporter has the stub factory, client, channel and call state to replace."""
+    return (hasattr(exporter, "_stub") and getattr(exporter, "_client", None) is not None
+            and all(hasattr(exporter, a) for a in ("_channel", "_headers", "_shutdown")))
+
+
 class _Delivering:
-    """What both exporters add: byte-bounded requests, one account of every span, a prompt stop."""
+    """What both exporters add: byte-bounded requests, one account of every span, a prompt stop.
+
+    ``sends_bytes`` False (the SDK internals moved): ``deliver_spans`` is the SDK exporter's ``export``."""
 
     max_request_bytes: int
+    sends_bytes: bool = False
     _stop: threading.Event
 
     def _init_delivery(self, max_request_bytes: int | None) -> None:
@@ -114,6 +142,9 @@ class _Delivering:
     def _timeout_s(self) -> float:
         raise NotImplementedError
 
+    def _sdk_export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        raise NotImplementedError
+
     def deliver_requests(self, requests: list[tuple[bytes, int]], *, retry: bool = True,
                          timeout: float | None = None) -> Sent:
         """Send serialized requests in order (split on 413); see ``delivery.deliver``."""
@@ -122,6 +153,11 @@ class _Delivering:
 
     def deliver_spans(self, spans: Sequence[ReadableSpan], *, retry: bool = True) -> Sent:
         """Encode into requests of at most ``max_request_bytes`` and deliver them."""
+        if not self.sends_bytes:
+            if self._sdk_export(spans) is SpanExportResult.SUCCESS:
+                return Sent(delivered=len(spans))
+            requests, too_large = encode_bounded(spans, self.max_request_bytes, _encode)
+            return Sent(too_large=too_large, undelivered=requests)  # for the outbox, when there is one
         metrics = getattr(self, "_metrics", None)
         requests, too_large = encode_bounded(spans, self.max_request_bytes, _encode)
         if metrics is None:
@@ -152,15 +188,17 @@ class TapeOtlpHttpSpanExporter(_Delivering, OTLPSpanExporter):
         sdk_limit = getattr(self, "_max_request_size", 0) or 0
         if sdk_limit > 0 and (self.max_request_bytes <= 0 or sdk_limit < self.max_request_bytes):
             self.max_request_bytes = sdk_limit  # the SDK's own max_request_size, when smaller
-        client = getattr(self, "_client", None)
-        self._ready = all(hasattr(client, a) for a in ("_transport", "_endpoint", "_headers", "_compress"))
+        self.sends_bytes = _http_transport(self)
 
     def _timeout_s(self) -> float:
-        return float(getattr(self._client, "_timeout", 10.0))
+        return float(getattr(getattr(self, "_client", None), "_timeout", None) or getattr(self, "_timeout", 10.0))
+
+    def _sdk_export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return OTLPSpanExporter.export(self, spans)
 
     def send_once(self, data: bytes, timeout: float) -> tuple[Outcome, int, str]:
         """One POST, no retry: what the receiver said of it."""
-        if not self._ready:
+        if not self.sends_bytes:
             return Outcome.RETRY, 0, "the installed exporter has no transport to send through"
         client = self._client
         result = client._transport.request("POST", client._endpoint, headers=client._headers,
@@ -178,7 +216,7 @@ class TapeOtlpHttpSpanExporter(_Delivering, OTLPSpanExporter):
         return outcome, rejected, f"HTTP {status} {result.reason or ''}".strip()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if not self._ready:
+        if not self.sends_bytes:
             return OTLPSpanExporter.export(self, spans)
         return _Delivering.export(self, spans)
 
@@ -238,20 +276,22 @@ class TapeOtlpGrpcSpanExporter(_Delivering, GrpcSpanExporter):
     def __init__(self, *args: Any, max_request_bytes: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._init_delivery(max_request_bytes)
-        self._serialized = False
         self._channel_lock = threading.Lock()
-        if hasattr(self, "_stub") and getattr(self, "_client", None) is not None and hasattr(self, "_channel"):
+        if _grpc_stub_ready(self):
             # the base class rebuilds the client from ``_stub`` when it reconnects
             partial = self.partial_success
             self._stub = lambda channel: _SerializedTraceStub(channel, partial)
             self._client = _SerializedTraceStub(self._channel, partial)
-            self._serialized = True
+            self.sends_bytes = True
 
     def _timeout_s(self) -> float:
         return float(getattr(self, "_timeout", 10.0))
 
+    def _sdk_export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return GrpcSpanExporter.export(self, spans)
+
     def _translate_data(self, data: Sequence[ReadableSpan]) -> Any:
-        if not self._serialized:
+        if not self.sends_bytes:
             return super()._translate_data(data)
         try:
             return encode_trace_request(data)
@@ -260,8 +300,8 @@ class TapeOtlpGrpcSpanExporter(_Delivering, GrpcSpanExporter):
 
     def send_once(self, data: bytes, timeout: float) -> tuple[Outcome, int, str]:
         client = self._client
-        if client is None or self._shutdown:
-            return Outcome.RETRY, 0, "exporter shut down"
+        if not self.sends_bytes or client is None or self._shutdown:
+            return Outcome.RETRY, 0, "exporter shut down" if self.sends_bytes else "no stub to send bytes through"
         try:
             return Outcome.OK, client.send(data, self._headers, max(0.01, timeout)), "OK"
         except RpcError as exc:
@@ -271,7 +311,9 @@ class TapeOtlpGrpcSpanExporter(_Delivering, GrpcSpanExporter):
             return _grpc_outcome(code, details), 0, f"gRPC {getattr(code, 'name', code)}: {details}"
 
     def _reconnect(self) -> None:
-        """A new channel, so a receiver that is back is reached now, not after gRPC's reconnect backoff."""
+        """A new channel, so a receiver that is back is reached now, not after gRPC's reconnect backoff
+        (the SDK's private ``_initialize_channel_and_stub``; should it fail or be gone, the old channel
+        stays and gRPC reconnects it in its own time)."""
         with self._channel_lock:
             if self._shutdown:
                 return
@@ -286,11 +328,11 @@ class TapeOtlpGrpcSpanExporter(_Delivering, GrpcSpanExporter):
                 pass
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if not self._serialized:
+        if not self.sends_bytes:
             return GrpcSpanExporter.export(self, spans)
         return _Delivering.export(self, spans)
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         self._stop.set()
-        if not self._shutdown:
+        if not getattr(self, "_shutdown", False):
             GrpcSpanExporter.shutdown(self, timeout_millis=timeout_millis, **kwargs)
