@@ -163,3 +163,64 @@ def test_counters_added_by_name_are_exposed(server):
     text = httpx.get(f"{server.url}/metrics").text
     assert "# TYPE agenttape_spans_conflicting_total counter" in text
     assert "agenttape_spans_conflicting_total 3.0" in text
+
+
+def _prometheus_client_text(span_metrics) -> str:
+    """Every family of ``span_metrics`` rendered by ``prometheus_client.generate_latest`` as a whole."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(span_metrics)
+    return generate_latest(reg).decode("utf-8")
+
+
+def test_cached_rendering_is_the_text_prometheus_client_renders():
+    """Scrapes format only the series that changed: the text must stay what generate_latest gives for
+    the whole state, batch after batch, including a series that appears late and odd label values."""
+    from otel_agenttape.receiver.genai_metrics import SpanMetrics
+    from otel_agenttape.store import rows
+    from otel_agenttape.store.samples import genai_requests
+
+    sm = SpanMetrics()
+    first = sm.render_text()
+    assert first == _prometheus_client_text(sm)
+    assert sm.render_text() is first  # nothing changed: the text of the scrape before
+    runs = genai_requests(n_runs=4, models_per_run=2, tools_per_run=2, seed=11)
+    odd = trace_request(2, attrs={sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_REQUEST_MODEL: 'm "q" \\ \n2',
+                                  sc.GEN_AI_USAGE_INPUT_TOKENS: 3_000_000})
+    with_input = 0
+    for req in [*runs[:2], odd, *runs[2:], odd]:
+        tables = rows.traces_to_tables([req.SerializeToString()]).as_dict()
+        with_input += len(tables["spans"].column("input_tokens").drop_null())
+        sm.observe(tables)
+        text = sm.render_text()
+        assert text == _prometheus_client_text(sm)
+    assert 'gen_ai_request_model="m \\"q\\" \\\\ \\n2"' in text
+    # Go float formatting of the odd model's 4 x 3,000,000 tokens, changed after its first render
+    assert any(line.startswith("gen_ai_client_token_usage_sum{") and line.endswith('"} 1.2e+07')
+               for line in text.splitlines())
+    assert sum(v for lab, v in _samples(text, "gen_ai_client_token_usage_count")
+               if lab["gen_ai_token_type"] == "input") == with_input > 4
+
+
+def _samples(text: str, name: str):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name:
+                yield s.labels, s.value
+
+
+def test_a_scrape_after_new_spans_shows_them(server):
+    """The second scrape of a receiver must not be the cached text of the first once spans arrived."""
+    attrs = {sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_REQUEST_MODEL: "m3", sc.GEN_AI_USAGE_INPUT_TOKENS: 7}
+    post(server, trace_request(2, attrs=attrs))
+    m1 = scrape(server)
+    assert scrape(server) == m1
+    post(server, trace_request(3, attrs=attrs))
+    m2 = scrape(server)
+    assert value(m1, "gen_ai_client_token_usage_sum", gen_ai_request_model="m3") == 14
+    assert value(m2, "gen_ai_client_token_usage_sum", gen_ai_request_model="m3") == 35
+    assert value(m2, "gen_ai_client_token_usage_count", gen_ai_request_model="m3") == 5
+    assert value(m2, "agenttape_spans_stored_total") == 5

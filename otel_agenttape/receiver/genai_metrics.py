@@ -94,6 +94,8 @@ class SpanMetrics(Collector):
         self.legacy_calls = C("agenttape_genai_tool_calls_total", "Tool call spans by tool.", ("gen_ai_tool_name",))
         self.legacy_errors = C("agenttape_genai_tool_errors_total", "Tool call spans with error status by tool.",
                                ("gen_ai_tool_name",))
+        self._texts: list[str] = []  # each family's text at the last scrape, and all of it joined
+        self._text = ""
         self._open_runs: dict[str, int] = {}
         self._chains: dict[tuple[str, int], tuple[int, str]] = {}
 
@@ -105,7 +107,10 @@ class SpanMetrics(Collector):
 
     def render_text(self) -> str:
         """Prometheus text of every family (series unchanged since the last scrape come from cache)."""
-        return "".join(s.render_text() for s in self.states())
+        texts = [s.render_text() for s in self.states()]
+        if len(texts) != len(self._texts) or any(a is not b for a, b in zip(texts, self._texts)):
+            self._texts, self._text = texts, "".join(texts)
+        return self._text
 
     # -- derivation -----------------------------------------------------------------------------
 

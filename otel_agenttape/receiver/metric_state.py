@@ -9,14 +9,18 @@ Cardinality is bounded twice: each label keeps its first ``limit`` distinct valu
 values become ``_other``), and each metric keeps at most ``series_cap`` label sets (later sets are
 folded into one whose labels are all ``_other``). Both are listed in ``docs/operations.md``.
 
-Exposition goes through ``prometheus_client``; each series' lines are rendered once per change and
-kept, so a scrape re-renders only the series that received spans since the scrape before.
+Exposition goes through ``prometheus_client``: a series' sample lines are rendered by it when the
+series appears, and their text up to the value is kept; a scrape returns the family's text unchanged
+when nothing was added since the scrape before, and otherwise formats only the values of the series
+that changed (with ``prometheus_client``'s float formatting), so its output is the same bytes as
+``generate_latest`` and its cost does not grow with the rows ingested.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -117,10 +121,16 @@ class _Family:
         self.help = help_
         self.labels = tuple(labels)
         self.series_cap = series_cap
-        self._lock = threading.Lock()
-        self._version: dict[tuple, int] = {}
-        self._rendered: dict[tuple, tuple[int, str]] = {}
+        self.state: dict[tuple, Any] = {}
+        self._lock = threading.Lock()  # the state (taken by add/incr and by a scrape's snapshot)
+        self._render_lock = threading.Lock()  # the rendered text (one scrape renders at a time)
+        self._dirty: set[tuple] = set()  # series changed since the last render
         self._header = ""
+        self._order: list[tuple] = []  # every series' key, sorted (the order of the exposition)
+        self._prefixes: dict[tuple, list[str]] = {}  # key -> its sample lines up to the value, by prometheus_client
+        self._series: dict[tuple, str] = {}  # key -> its lines as last rendered
+        self._text: str | None = None  # the whole family as last rendered
+        self._templated: bool | None = None  # False: the sample layout is not the expected one, render it all
 
     def _admit(self, key: tuple, state: dict) -> tuple:
         if key in state or len(state) < self.series_cap:
@@ -128,40 +138,83 @@ class _Family:
         return (OTHER,) * len(self.labels)
 
     def _touch(self, key: tuple) -> None:
-        self._version[key] = self._version.get(key, 0) + 1
+        self._dirty.add(key)
 
     def _family(self, items: list) -> Metric:
         raise NotImplementedError
 
-    def _snapshot(self) -> list:
+    def _item(self, key: tuple) -> tuple:
         raise NotImplementedError
+
+    def _values(self, item: tuple) -> list:
+        """The sample values of one series, in the order of its ``_family`` samples."""
+        raise NotImplementedError
+
+    def _suffixes(self) -> list[str]:
+        """The sample names of one series after the family name, in order (``_bucket`` ... ``_sum``)."""
+        raise NotImplementedError
+
+    def _snapshot(self) -> list:
+        with self._lock:
+            return [self._item(k) for k in sorted(self.state)]
 
     def family(self) -> Metric:
         return self._family(self._snapshot())
 
     def render_text(self) -> str:
-        """This family in Prometheus text format, by ``prometheus_client``; unchanged series from cache."""
-        if not self._header:
-            self._header = _render(self._family([]))
-        with self._lock:
-            keys = sorted(self.state)
-            stale = [k for k in keys if self._rendered.get(k, (-1,))[0] != self._version.get(k, 0)]
-            items = {k: self._item(k) for k in stale}
-        if items:  # one prometheus_client call for every changed series, cut into the series' lines
-            lines = [line for line in _render(self._family(list(items.values()))).splitlines()
-                     if not line.startswith("#")]
-            per, extra = divmod(len(lines), len(items))
-            for j, (k, item) in enumerate(items.items()):
-                if extra:  # not the fixed number of lines per series: render this one alone
-                    text = "".join(line + "\n" for line in _render(self._family([item])).splitlines()
-                                   if not line.startswith("#"))
-                else:
-                    text = "".join(line + "\n" for line in lines[j * per:(j + 1) * per])
-                self._rendered[k] = (item[-1], text)
-        return self._header + "".join(self._rendered[k][1] for k in keys)
+        """This family in Prometheus text format 0.0.4, the same bytes as ``generate_latest`` of ``family()``.
 
-    def _item(self, key: tuple) -> tuple:
-        raise NotImplementedError
+        A scrape with no change since the one before returns the text it rendered then. Otherwise only
+        the changed series are formatted: each series' sample lines up to the value (name, escaped and
+        sorted labels, ``le``) are rendered once by ``prometheus_client`` when the series appears and
+        kept, and a later change formats just its values with ``prometheus_client``'s ``floatToGoString``.
+        """
+        with self._render_lock:
+            with self._lock:
+                if self._text is not None and not self._dirty:
+                    return self._text
+                dirty, self._dirty = self._dirty, set()
+                items = [self._item(k) for k in dirty]
+                if len(self._order) != len(self.state):  # new series: keys are never removed
+                    self._order = sorted(self.state)
+                order = self._order
+            if not self._header:
+                self._header = _render(self._family([]))
+            series = self._series
+            for item in items:
+                prefixes = self._prefixes.get(item[0])
+                if prefixes is None or not self._templated:
+                    series[item[0]] = self._first_render(item)
+                else:
+                    series[item[0]] = "".join([p + (_GO.get(v) or _go(v)) + "\n"
+                                               for p, v in zip(prefixes, self._values(item))])
+            self._text = self._header + "".join([series[k] for k in order])
+            return self._text
+
+    def _first_render(self, item: tuple) -> str:
+        """One series through ``prometheus_client``; keeps its line prefixes when the layout is the expected one."""
+        fam = self._family([item])
+        text = "".join(line + "\n" for line in _render(fam).splitlines() if not line.startswith("#"))
+        if self._templated is None:
+            base = fam.name + "_total" if fam.type == "counter" else fam.name
+            self._templated = ([s.name for s in fam.samples] == [base + x for x in self._suffixes()]
+                               and [s.value for s in fam.samples] == self._values(item))
+        if self._templated:
+            lines = text.splitlines()
+            if len(lines) == len(fam.samples):
+                self._prefixes[item[0]] = [line.rpartition(" ")[0] + " " for line in lines]
+        return text
+
+
+_GO: dict[float, str] = {}  # floatToGoString of values seen lately (bucket counts repeat a lot)
+
+
+def _go(value: float) -> str:
+    text = floatToGoString(value)
+    if len(_GO) >= 100_000:
+        _GO.clear()
+    _GO[value] = text
+    return text
 
 
 class _One(Collector):
@@ -183,7 +236,6 @@ class CounterState(_Family):
 
     def __init__(self, name: str, help_: str, labels: Sequence[str], series_cap: int = DEFAULT_SERIES_CAP) -> None:
         super().__init__(name, help_, labels, series_cap)
-        self.state: dict[tuple, float] = {}
 
     def add(self, cols: Sequence[Codes], values: np.ndarray | None = None) -> None:
         if not len(cols[0][0]):
@@ -208,17 +260,19 @@ class CounterState(_Family):
         with self._lock:
             return self.state.get(key, 0)
 
-    def _snapshot(self) -> list:
-        with self._lock:
-            return [self._item(k) for k in sorted(self.state)]
-
     def _item(self, key: tuple) -> tuple:
-        return key, self.state[key], self._version.get(key, 0)
+        return key, self.state[key]
+
+    def _values(self, item: tuple) -> list:
+        return [item[1]]
+
+    def _suffixes(self) -> list[str]:
+        return [""]
 
     def _family(self, items: list) -> Metric:
         base = self.name[: -len("_total")] if self.name.endswith("_total") else self.name
         fam = CounterMetricFamily(base, self.help, labels=self.labels)
-        for key, value, _ in items:
+        for key, value in items:
             fam.add_metric(list(key), value)
         return fam
 
@@ -231,7 +285,7 @@ class HistogramState(_Family):
         super().__init__(name, help_, labels, series_cap)
         self.bounds = np.asarray(bounds, dtype=np.float64)
         self._les = [floatToGoString(b) for b in bounds] + ["+Inf"]
-        self.state: dict[tuple, list] = {}  # key -> [counts per bucket (last: +Inf), sum]
+        # self.state: key -> [counts per bucket (last: +Inf), sum]
 
     def add(self, cols: Sequence[Codes], values: np.ndarray) -> None:
         if not len(values):
@@ -259,18 +313,21 @@ class HistogramState(_Family):
             st = self.state.get(key)
             return int(st[0].sum()) if st is not None else 0
 
-    def _snapshot(self) -> list:
-        with self._lock:
-            return [self._item(k) for k in sorted(self.state)]
-
     def _item(self, key: tuple) -> tuple:
         st = self.state[key]
-        return key, st[0].copy(), st[1], self._version.get(key, 0)
+        return key, np.cumsum(st[0]).tolist(), st[1]
+
+    def _values(self, item: tuple) -> list:
+        cum = item[1]
+        return [*cum, cum[-1], item[2]]  # buckets, _count, _sum
+
+    def _suffixes(self) -> list[str]:
+        return ["_bucket"] * len(self._les) + ["_count", "_sum"]
 
     def _family(self, items: list) -> Metric:
         fam = HistogramMetricFamily(self.name, self.help, labels=self.labels)
-        for key, counts, total, _ in items:
-            fam.add_metric(list(key), list(zip(self._les, np.cumsum(counts).tolist())), total)
+        for key, cum, total in items:
+            fam.add_metric(list(key), list(zip(self._les, cum)), total)
         return fam
 
 
