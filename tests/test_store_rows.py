@@ -10,7 +10,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from otel_agenttape import anyvalue
 from otel_agenttape import semconv as sc
-from otel_agenttape.store import rows, samples
+from otel_agenttape.store import rows, samples, tables, wirecache
 
 T0 = 1_767_225_600_123_456_789  # 2026-01-01T00:00:00.123456789Z
 I64_MAX = 2**63 - 1
@@ -295,22 +295,22 @@ def test_event_attribute_sets_cold_warm_and_evicted_match_the_shared_encoding(mo
     for segs in (same, varied, same + varied):
         req = _events_request(segs)
         body = req.SerializeToString()
-        rows._SET_CACHE.clear()
+        wirecache.SET_CACHE.clear()
         cold = rows.traces_to_tables([body])
         warm = rows.traces_to_tables([body])
         _check_events_and_links(req, cold)
         for name in ("span_events", "span_links", "spans"):
             assert getattr(warm, name).equals(getattr(cold, name))
     # long sets are left out of the cache; short ones are kept, keyed by their raw KeyValues
-    assert rows._SET_CACHE and all(sum(map(len, k)) <= rows._CACHED_SET_BYTES for k in rows._SET_CACHE)
+    assert wirecache.SET_CACHE and all(sum(map(len, k)) <= wirecache.CACHED_SET_BYTES for k in wirecache.SET_CACHE)
     assert all(v == anyvalue.dumps(anyvalue.attrs_from_proto(KeyValue.FromString(r) for r in k))
-               for k, v in rows._SET_CACHE.items())
+               for k, v in wirecache.SET_CACHE.items())
     # a tiny cache is cleared over and over within one request: same rows
-    monkeypatch.setattr(rows, "_CACHE_ENTRIES", 2)
-    rows._SET_CACHE.clear()
+    monkeypatch.setattr(wirecache, "CACHE_ENTRIES", 2)
+    wirecache.SET_CACHE.clear()
     req = _events_request(same + varied)
     small = rows.traces_to_tables([req.SerializeToString()])
-    assert 0 < len(rows._SET_CACHE) <= 2
+    assert 0 < len(wirecache.SET_CACHE) <= 2
     _check_events_and_links(req, small)
 
 
@@ -329,8 +329,8 @@ def test_malformed_event_attribute_is_never_cached():
     for _ in range(3):
         with pytest.raises(DecodeError):
             rows.traces_to_tables([body])
-    assert not any(b"\x0a\x02\xff\xfe" in k for k in rows._SET_CACHE)
-    assert not any(b"\x0a\x02\xff\xfe" in k for k in rows._EVENT_CACHE)
+    assert not any(b"\x0a\x02\xff\xfe" in k for k in wirecache.SET_CACHE)
+    assert not any(b"\x0a\x02\xff\xfe" in k for k in wirecache.EVENT_CACHE)
 
 
 def test_table_columns_equal_a_plain_conversion():
@@ -345,7 +345,7 @@ def test_table_columns_equal_a_plain_conversion():
                 dict(base, duration_ms=0.0, span_id="1" * 16)]
     for rows_ in ([variants[0]] * 3, variants, variants[1:]):
         tuples = [tuple(day if f.name == "date" else r[f.name] for f in sch) for r in rows_]
-        got = rows._table("spans", tuples)
+        got = tables.table("spans", tuples)
         want = pa.Table.from_pylist(rows_, schema=sch)
         assert got.equals(want) and got.schema == sch
         signs = [str(v) for v in got.column("duration_ms").to_pylist()]
@@ -413,8 +413,8 @@ def test_values_that_never_repeat_stay_out_of_the_caches():
     from otel_agenttape.store import otlpwire
 
     rows.traces_to_tables([_model_spans_request(3, varied=False).SerializeToString()])  # warm: seen twice
-    kv_before, set_before = dict(rows._KV_CACHE), dict(rows._SET_CACHE)
-    event_before = dict(rows._EVENT_CACHE)
+    kv_before, set_before = dict(wirecache.KV_CACHE), dict(wirecache.SET_CACHE)
+    event_before = dict(wirecache.EVENT_CACHE)
     assert event_before  # the sample's events repeat
     body = _model_spans_request(200, varied=True, tag="u").SerializeToString()  # not seen by other tests
     rows.traces_to_tables([body])
@@ -423,15 +423,15 @@ def test_values_that_never_repeat_stay_out_of_the_caches():
     unique_sets = {tuple(otlpwire.Event.FromString(ev).attributes[:]) for sp in wire for ev in sp.events}
     unique_events = {ev[9:] for sp in wire for ev in sp.events}
     assert len(unique_kvs) == 200 and len(unique_sets) == 200 * len(wire[0].events)
-    assert not unique_kvs & rows._KV_CACHE.keys() and not unique_sets & rows._SET_CACHE.keys()
-    assert not unique_events & rows._EVENT_CACHE.keys()
+    assert not unique_kvs & wirecache.KV_CACHE.keys() and not unique_sets & wirecache.SET_CACHE.keys()
+    assert not unique_events & wirecache.EVENT_CACHE.keys()
     # the repeated entries are all still there
-    assert kv_before.items() <= rows._KV_CACHE.items() and set_before.items() <= rows._SET_CACHE.items()
-    assert event_before.items() <= rows._EVENT_CACHE.items()
-    assert any(k.startswith(b"\x0a\x10agenttape.run.id") for k in rows._KV_CACHE)
+    assert kv_before.items() <= wirecache.KV_CACHE.items() and set_before.items() <= wirecache.SET_CACHE.items()
+    assert event_before.items() <= wirecache.EVENT_CACHE.items()
+    assert any(k.startswith(b"\x0a\x10agenttape.run.id") for k in wirecache.KV_CACHE)
     # a value decoded a second time is cached
     rows.traces_to_tables([body])
-    assert unique_kvs <= rows._KV_CACHE.keys() and unique_events <= rows._EVENT_CACHE.keys()
+    assert unique_kvs <= wirecache.KV_CACHE.keys() and unique_events <= wirecache.EVENT_CACHE.keys()
 
 
 def test_string_values_match_protobuf_and_invalid_ones_raise():
@@ -468,7 +468,7 @@ def test_string_values_match_protobuf_and_invalid_ones_raise():
              plain(b"k", b"ab") + b"\x18\x01"]  # an unknown field after the value
     for raw in good:
         key, piece = reference(raw)
-        assert rows._kv_entry(raw)[:2] == (key, piece)
+        assert wirecache.kv_entry(raw)[:2] == (key, piece)
     bad_text = [b"\xff", b"a\xfe", b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\x80"]
     bad = [plain(b"k", t) for t in bad_text] + [plain(t, b"v") for t in bad_text]
     bad += [plain(b"k", b"abc")[:-1], plain(b"k", b"abc") + b"\x0a", b"\x0a\x05k", b"\x0a"]
@@ -476,7 +476,7 @@ def test_string_values_match_protobuf_and_invalid_ones_raise():
         with pytest.raises(DecodeError):
             KeyValue.FromString(raw)
         with pytest.raises(DecodeError):
-            rows._kv_entry(raw)
+            wirecache.kv_entry(raw)
     # through a whole request, warm or cold caches
     from otel_agenttape.store import otlpwire
 
@@ -536,16 +536,16 @@ def test_events_in_any_layout_match_the_otlp_reading():
     want_events = ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans[0].events
     want = [(ev.time_unix_nano, ev.name, anyvalue.dumps(anyvalue.attrs_from_proto(ev.attributes)),
              ev.dropped_attributes_count) for ev in want_events]
-    rows._EVENT_CACHE.clear()
+    wirecache.EVENT_CACHE.clear()
     for _ in range(4):  # cold, seen once, cached
         t = rows.traces_to_tables([body])
         got = [(e["time_unix_nano"], e["name"], e["attributes"], e["dropped_attributes_count"])
                for e in t.span_events.to_pylist()]
         assert got == want
         assert [e["event_index"] for e in t.span_events.to_pylist()] == list(range(len(good)))
-    assert rows._EVENT_CACHE.get(tail) == want[0][1:]
+    assert wirecache.EVENT_CACHE.get(tail) == want[0][1:]
     # only tails in protobuf's own layout are cached
-    assert all(k in (tail, good[9][9:]) for k in rows._EVENT_CACHE)
+    assert all(k in (tail, good[9][9:]) for k in wirecache.EVENT_CACHE)
     for raw in bad:
         body = request([plain, raw])
         with pytest.raises(DecodeError):
@@ -558,20 +558,20 @@ def test_events_in_any_layout_match_the_otlp_reading():
 def test_string_attributes_read_from_raw_bytes_match_protobuf_at_every_length_boundary():
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-    from otel_agenttape.store.rows import _string_kv
+    from otel_agenttape.store.wirecache import string_kv
 
     fast = 0
     for length in (0, 1, 5, 126, 127, 128, 129, 16382, 16383, 16384, 16385, 100_000):
         for klen in (0, 1, 5, 127, 128):
             kv = KeyValue(key="k" * klen, value=AnyValue(string_value="é" * (length // 2) + "x" * (length % 2)))
             raw = kv.SerializeToString()
-            got = _string_kv(raw)
+            got = string_kv(raw)
             assert got is None or got == (kv.key, kv.value.string_value), (length, klen)
             fast += got is not None
-            assert _string_kv(raw + b"\x18\x01") is None  # an unknown trailing field: protobuf decides
+            assert string_kv(raw + b"\x18\x01") is None  # an unknown trailing field: protobuf decides
             if length:
-                assert _string_kv(raw[:-1]) is None  # truncated
+                assert string_kv(raw[:-1]) is None  # truncated
     assert fast >= 30  # the common layouts take the fast path
-    assert _string_kv(KeyValue(key="k", value=AnyValue(int_value=5)).SerializeToString()) is None
+    assert string_kv(KeyValue(key="k", value=AnyValue(int_value=5)).SerializeToString()) is None
     bad = KeyValue(key="k", value=AnyValue(string_value="ok")).SerializeToString()[:-2] + b"\xff\xfe"
-    assert _string_kv(bad) is None  # invalid UTF-8 is left to protobuf, which raises
+    assert string_kv(bad) is None  # invalid UTF-8 is left to protobuf, which raises

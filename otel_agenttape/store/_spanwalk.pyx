@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Compiled rows of OTLP spans: ``rows._Conversion.add_span`` for a serialized span in protobuf's own layout.
+"""Compiled rows of OTLP spans: ``rows.Conversion.add_span`` for a serialized span in protobuf's own layout.
 
 Reading a parsed span from Python costs a call per field; here one pass over the span's bytes reads
-every field, and the attribute and event caches of ``rows.py`` are consulted as they are there.
+every field, and the attribute and event caches of ``wirecache.py`` are consulted as ``rows.py`` does.
 A span this walk does not take on exactly as protobuf would read it goes, as bytes, to the Python
 path (``fallback``): a repeated ``status``, a group, a known field with another wire type, a field
 that runs past the end, text that is not strict UTF-8, links, ids the receiver rejects, a span seen
@@ -86,7 +86,7 @@ cdef inline object _text(const unsigned char* p, Py_ssize_t n):
 
 cdef bint _string_kv(const unsigned char* p, Py_ssize_t n, Py_ssize_t* value_at) noexcept:
     """Whether a KeyValue is laid out as protobuf writes one with a non-empty string value
-    (``rows._string_kv``): the key at 2 (its length at 1), the value from ``value_at`` to the end."""
+    (``wirecache.string_kv``): the key at 2 (its length at 1), the value from ``value_at`` to the end."""
     cdef Py_ssize_t pos
     cdef uint64_t length
     cdef int tag_i
@@ -109,7 +109,7 @@ cdef bint _string_kv(const unsigned char* p, Py_ssize_t n, Py_ssize_t* value_at)
 
 
 cdef object _plain_entry(const unsigned char* p, Py_ssize_t n, Caches c):
-    """``rows._kv_entry`` of a plain string KeyValue (without the caching), or None to leave it to ``_kv_entry``.
+    """``wirecache.kv_entry`` of a plain string KeyValue (without the caching), or None to leave it to ``kv_entry``.
     (The JSON string itself is left to orjson, whose escaping is faster than a loop over bytes.)"""
     cdef Py_ssize_t value_at
     if not _string_kv(p, n, &value_at):
@@ -124,7 +124,7 @@ cdef object _plain_entry(const unsigned char* p, Py_ssize_t n, Caches c):
 
 
 cdef class Caches:
-    """The caches and routines of ``rows.py`` that a walk shares (read from the module once per
+    """The caches and routines of ``wirecache.py`` that a walk shares (``wirecache.CACHES``, read once per
     conversion), and ``fallback(raw, rid, scope_name, scope_version, service)``: the Python path."""
     cdef dict kv_cache, plans, event_cache, prefixes, slots
     cdef set kv_seen, event_seen
@@ -132,20 +132,20 @@ cdef class Caches:
     cdef object dumps, system
     cdef Py_ssize_t cached_kv_bytes, cached_event_bytes, provider, cache_entries, seen_entries
 
-    def __init__(self, rows: object, fallback: object) -> None:
-        self.kv_cache, self.kv_seen, self.kv_entry = rows._KV_CACHE, rows._KV_SEEN, rows._kv_entry
-        self.string_piece, self.prefixes, self.slots = rows._string_piece, rows._KEY_PREFIX, rows._SLOT
-        self.plans, self.make_plan, self.no_promoted = rows._PLAN_CACHE, rows._plan, rows._NO_PROMOTED
-        self.event_cache, self.event_seen = rows._EVENT_CACHE, rows._EVENT_SEEN
-        self.event_fields, self.admit_tail = rows._event_fields, rows._admit_tail
-        self.cached_kv_bytes, self.cached_event_bytes = rows._CACHED_KV_BYTES, rows._CACHED_EVENT_BYTES
-        self.cache_entries, self.seen_entries = rows._CACHE_ENTRIES, rows._SEEN_ENTRIES
-        self.provider, self.system, self.dumps = rows._PROVIDER_SLOT, rows.sc.GEN_AI_SYSTEM, rows.orjson.dumps
+    def __init__(self, shared: object, fallback: object) -> None:
+        self.kv_cache, self.kv_seen, self.kv_entry = shared.kv_cache, shared.kv_seen, shared.kv_entry
+        self.string_piece, self.prefixes, self.slots = shared.string_piece, shared.prefixes, shared.slots
+        self.plans, self.make_plan, self.no_promoted = shared.plans, shared.make_plan, shared.no_promoted
+        self.event_cache, self.event_seen = shared.event_cache, shared.event_seen
+        self.event_fields, self.admit_tail = shared.event_fields, shared.admit_tail
+        self.cached_kv_bytes, self.cached_event_bytes = shared.cached_kv_bytes, shared.cached_event_bytes
+        self.cache_entries, self.seen_entries = shared.cache_entries, shared.seen_entries
+        self.provider, self.system, self.dumps = shared.provider, shared.system, shared.dumps
         self.fallback = fallback
 
 
 cdef tuple _piece(object key, object value, Caches c):
-    """``rows._string_piece``: (key, '"key":{"s":"value"}', promoted value); keys with a promoted
+    """``wirecache.string_piece``: (key, '"key":{"s":"value"}', promoted value); keys with a promoted
     column, or whose JSON prefix is not cached yet, go to it."""
     prefix = c.prefixes.get(key)
     if prefix is None or key in c.slots:
@@ -155,14 +155,14 @@ cdef tuple _piece(object key, object value, Caches c):
 
 
 cdef inline void _note(set seen, object h, Py_ssize_t limit) except *:
-    """A first miss: only its hash is kept (``rows._admit``), in a set cleared when full."""
+    """A first miss: only its hash is kept (``wirecache.admit``), in a set cleared when full."""
     if len(seen) >= limit:
         seen.clear()
     seen.add(h)
 
 
 cdef inline void _admit(Caches c, object key, object value) except *:
-    """``rows._admit`` for the KeyValue cache: cache on the second miss, note the hash on the first."""
+    """``wirecache.admit`` for the KeyValue cache: cache on the second miss, note the hash on the first."""
     h = hash(key)
     if h in c.kv_seen:
         if len(c.kv_cache) >= c.cache_entries:
@@ -174,7 +174,7 @@ cdef inline void _admit(Caches c, object key, object value) except *:
 
 cdef tuple _attributes(const unsigned char* p, Py_ssize_t* at, Py_ssize_t* lens, Py_ssize_t m, Caches c):
     """(attributes JSON, the promoted values plus a None, the plan) of the KeyValues at ``at``/``lens``,
-    as ``rows._attrs_json`` and ``rows._Conversion.add_span`` make them."""
+    as ``wirecache.attrs_json`` and ``rows.Conversion.add_span`` make them."""
     cdef Py_ssize_t i, k, n
     cdef tuple keys_t = PyTuple_New(m)
     cdef tuple pieces_t = PyTuple_New(m)
@@ -242,7 +242,7 @@ cdef object _status(const unsigned char* p, Py_ssize_t n, int32_t* code):
 
 
 cdef tuple _event(const unsigned char* p, Py_ssize_t n, Caches c):
-    """(time, name, attributes JSON, dropped count) of a serialized event, as ``rows._event_fields``
+    """(time, name, attributes JSON, dropped count) of a serialized event, as ``wirecache.event_fields``
     reads it; None for anything protobuf would read differently (those go to ``_event_fields``)."""
     cdef Py_ssize_t pos = 0, k, m = 0
     cdef uint64_t v, time = 0
@@ -299,7 +299,7 @@ cdef tuple _event(const unsigned char* p, Py_ssize_t n, Caches c):
 
 
 def walk(list raws, object conv, tuple where, Caches c):
-    """Rows of serialized spans (one ``ScopeSpans``' worth) into ``conv`` (a ``rows._Conversion``);
+    """Rows of serialized spans (one ``ScopeSpans``' worth) into ``conv`` (a ``rows.Conversion``);
     ``where`` is (resource id, scope name, scope version, service name)."""
     cdef object fallback = c.fallback
     cdef dict event_cache = c.event_cache
@@ -518,7 +518,7 @@ def walk(list raws, object conv, tuple where, Caches c):
             if fields is None:
                 fields = c.event_fields(PyBytes_FromStringAndSize(<const char*>(p + k), fend))
             elif tail is not None and fend <= c.cached_event_bytes:
-                # ``rows._admit_tail``: a first miss only notes the tail's hash
+                # ``wirecache.admit_tail``: a first miss only notes the tail's hash
                 h = hash(tail)
                 if h in c.event_seen:
                     c.admit_tail(tail, fields[1:])
@@ -548,7 +548,7 @@ cdef inline bint _zeros(const unsigned char* p, Py_ssize_t n) noexcept:
 
 
 def columns(list rows, Py_ssize_t width):
-    """The columns of ``rows`` as lists (``rows._table`` transposes with this instead of ``zip(*rows)``,
+    """The columns of ``rows`` as lists (``tables.table`` transposes with this instead of ``zip(*rows)``,
     which steps one iterator per row); None unless every row is a tuple of ``width`` items."""
     cdef Py_ssize_t n = len(rows), i, j
     cdef list out = []
