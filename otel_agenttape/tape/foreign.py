@@ -198,6 +198,24 @@ def _base(span: SpanRow, node_type: str) -> Node:
     )
 
 
+def _messages_of(a: dict[str, Any], genai_key: str, role: str, oi_prefix: str, legacy_prefix: str,
+                 from_logs: list[Message], value_key: str, parse_value: Any) -> list[Message] | None:
+    """A model node's input or output messages from the first convention that holds them: GenAI attributes,
+    OpenInference's indexed list, the legacy prompt/completion prefix, log events, OpenInference's value
+    (read by ``parse_value``); None when none does."""
+    if a.get(genai_key) is not None:
+        return to_messages(a[genai_key], role)
+    if _is_indexed(a, oi_prefix):
+        return _oi_messages(a, oi_prefix)
+    if _is_indexed(a, legacy_prefix):
+        return _legacy_messages(a, legacy_prefix)
+    if from_logs:
+        return from_logs
+    if a.get(value_key) is not None:
+        return parse_value(a[value_key])
+    return None
+
+
 def model_node(span: SpanRow) -> Node:
     node = _base(span, MODEL)
     details, log_inputs, log_outputs = _from_logs(span)
@@ -213,27 +231,14 @@ def model_node(span: SpanRow) -> Node:
     for m in node.system_instructions:
         m.role = "system"
 
-    if a.get(sc.GEN_AI_INPUT_MESSAGES) is not None:
-        node.input_messages = to_messages(a[sc.GEN_AI_INPUT_MESSAGES])
-    elif _is_indexed(a, sc.OI_LLM_INPUT_MESSAGES + "."):
-        node.input_messages = _oi_messages(a, sc.OI_LLM_INPUT_MESSAGES + ".")
-    elif _is_indexed(a, sc.LEGACY_PROMPT_PREFIX):
-        node.input_messages = _legacy_messages(a, sc.LEGACY_PROMPT_PREFIX)
-    elif log_inputs:
-        node.input_messages = log_inputs
-    elif a.get(sc.OI_INPUT_VALUE) is not None:
-        node.input_messages = to_messages(a[sc.OI_INPUT_VALUE])
-
-    if a.get(sc.GEN_AI_OUTPUT_MESSAGES) is not None:
-        node.output_messages = to_messages(a[sc.GEN_AI_OUTPUT_MESSAGES], "assistant")
-    elif _is_indexed(a, sc.OI_LLM_OUTPUT_MESSAGES + "."):
-        node.output_messages = _oi_messages(a, sc.OI_LLM_OUTPUT_MESSAGES + ".")
-    elif _is_indexed(a, sc.LEGACY_COMPLETION_PREFIX):
-        node.output_messages = _legacy_messages(a, sc.LEGACY_COMPLETION_PREFIX)
-    elif log_outputs:
-        node.output_messages = log_outputs
-    elif a.get(sc.OI_OUTPUT_VALUE) is not None:
-        node.output_messages = _response_messages(a[sc.OI_OUTPUT_VALUE])
+    found = _messages_of(a, sc.GEN_AI_INPUT_MESSAGES, "user", sc.OI_LLM_INPUT_MESSAGES + ".", sc.LEGACY_PROMPT_PREFIX,
+                         log_inputs, sc.OI_INPUT_VALUE, to_messages)
+    if found is not None:
+        node.input_messages = found
+    found = _messages_of(a, sc.GEN_AI_OUTPUT_MESSAGES, "assistant", sc.OI_LLM_OUTPUT_MESSAGES + ".",
+                         sc.LEGACY_COMPLETION_PREFIX, log_outputs, sc.OI_OUTPUT_VALUE, _response_messages)
+    if found is not None:
+        node.output_messages = found
 
     texts, reasoning = [], []
     for e in _ordered_events(span):
