@@ -224,3 +224,17 @@ def test_a_scrape_after_new_spans_shows_them(server):
     assert value(m2, "gen_ai_client_token_usage_sum", gen_ai_request_model="m3") == 35
     assert value(m2, "gen_ai_client_token_usage_count", gen_ai_request_model="m3") == 5
     assert value(m2, "agenttape_spans_stored_total") == 5
+
+
+def test_rows_containing_finds_each_string_with_the_needle():
+    """The byte scan that picks the failed spans naming an ``error.type``: offsets of sliced, nullable
+    and large-string arrays, a needle split across two strings (no match) and two needles in one."""
+    import pyarrow as pa
+
+    from otel_agenttape.receiver.genai_metrics import _rows_containing
+
+    a = pa.array(['x"error.type":1', None, "no", '"error.type":"error.type":', 'ab"error.', 'type":', '"error.type":'])
+    for arr in (a, a.slice(2), a.slice(1, 4), a.cast(pa.large_string())):
+        expected = [i for i, v in enumerate(arr.to_pylist()) if v and '"error.type":' in v]
+        assert _rows_containing(arr, b'"error.type":').tolist() == expected
+    assert _rows_containing(a.slice(4, 2), b'"error.type":').tolist() == []

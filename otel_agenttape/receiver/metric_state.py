@@ -68,40 +68,48 @@ class LabelCap:
             column = column.cast(pa.string())
         enc = column.dictionary_encode()
         values = [self._map(v) for v in enc.dictionary.to_pylist()] + [""]
-        idx = pc.fill_null(enc.indices, len(values) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
-        return idx, values
+        indices = enc.indices if not enc.indices.null_count else pc.fill_null(enc.indices, len(values) - 1)
+        return indices.to_numpy(zero_copy_only=False).astype(np.int64), values
 
 
 def constant(value: str, n: int) -> Codes:
     return np.zeros(n, dtype=np.int64), [value]
 
 
-_DENSE_KEYS = 1 << 22  # label-set keys below this are counted with bincount (no sort)
+_DENSE_KEYS = 1 << 16  # keys below this (or below 4x the rows) are counted with bincount, not sorted
+
+
+def _dense(key: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
+    """(uniq, inverse) of ``key`` (ints in [0, space)): counted in place when the space is small
+    next to the rows, else sorted."""
+    if space <= max(_DENSE_KEYS, 4 * len(key)):
+        present = np.bincount(key, minlength=space)
+        uniq = np.flatnonzero(present)
+        remap = np.zeros(space, dtype=np.int64)
+        remap[uniq] = np.arange(len(uniq))
+        return uniq, remap[key]
+    return np.unique(key, return_inverse=True)
 
 
 def _groups(cols: Sequence[Codes], extra: np.ndarray | None = None, extra_size: int = 1):
     """(keys, inverse, decode): the distinct label sets (and ``extra``, a small int per row) of the
-    rows, each row's position among them, and a function decoding the keys to label tuples."""
+    rows, each row's position among them, and a function decoding the keys to label tuples.
+    A key is ``label set * extra_size + extra``; the label sets are numbered densely first (so a
+    histogram's bucket index multiplies a few hundred label sets, not every label combination)."""
     n = len(cols[0][0]) if cols else len(extra)
     key = np.zeros(n, dtype=np.int64)
     space = 1
     for codes, values in cols:
         key = key * len(values) + codes
         space *= len(values)
+    sets, key = _dense(key, space)  # label-set numbers in [0, len(sets))
     if extra is not None:
-        key = key * extra_size + extra
-        space *= extra_size
-    if space <= _DENSE_KEYS:  # label sets are few: count them in place
-        present = np.bincount(key, minlength=space)
-        uniq = np.flatnonzero(present)
-        remap = np.zeros(space, dtype=np.int64)
-        remap[uniq] = np.arange(len(uniq))
-        inv = remap[key]
+        uniq, inv = _dense(key * extra_size + extra, len(sets) * extra_size)
     else:
-        uniq, inv = np.unique(key, return_inverse=True)
+        uniq, inv = np.arange(len(sets)), key
 
     def decode() -> list[tuple]:
-        rest = uniq // extra_size if extra is not None else uniq
+        rest = sets[uniq // extra_size] if extra is not None else sets
         parts = []
         for codes, values in reversed(cols):
             size = len(values)
