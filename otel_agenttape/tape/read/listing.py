@@ -227,8 +227,12 @@ def store_version(reader: Reader) -> int | None:
     """A number that changes whenever the runs of the store can have changed, or None when there is none
     to be had cheaply. A DuckDB store (a read-only file, or the writer's own database) only ever gains
     spans: the writer appends and never updates or deletes a span, and user SQL is refused writes, so
-    its span count (from the table's metadata, well under a millisecond) is such a number. A lake or a
-    server is asked every time."""
+    its span count (from the table's metadata, well under a millisecond) is such a number. A reader
+    whose files cannot change while it is open (a lake's, over the files its manifest listed when it was
+    opened) has a ``fixed_version``. A server is asked every time."""
+    fixed = getattr(reader, "fixed_version", None)
+    if fixed is not None:
+        return int(fixed)
     if getattr(reader, "kind", None) != "duckdb" or not hasattr(reader, "con"):
         return None
     return int(_rows(reader, "SELECT count(*) AS n FROM spans", [])[0]["n"])
@@ -284,7 +288,8 @@ def _all_keys(reader: Reader, kept: _Kept) -> Any:
     """Every run's keys, newest first, read at the kept version (once)."""
     with _KEPT_LOCK:
         if kept.keys is None:
-            rows_seen = int(_rows(reader, "SELECT coalesce(max(rowid) + 1, 0) AS n FROM spans", [])[0]["n"])
+            rows_seen = 0 if getattr(reader, "fixed_version", None) is not None else int(
+                _rows(reader, "SELECT coalesce(max(rowid) + 1, 0) AS n FROM spans", [])[0]["n"])
             keys = _sorted(reader.query(f"{_KEY_SELECT} FROM {run_keys_select(_KEY_COLUMNS, kept.foreign)} c", []))
             if store_version(reader) != kept.version:
                 return keys  # written to meanwhile: right for this page, not kept under the older version
