@@ -76,7 +76,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=default_db(), help="DuckDB file to record into (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--serve", action="store_true", help="then serve the console on the demo's store until Ctrl-C")
-    p.add_argument("--console-port", type=int, default=None, help="the console's port with --serve (default 4380)")
+    p.add_argument("--console-port", type=int, default=None, help="the console's port with --serve (env AGENTTAPE_CONSOLE_PORT, default 4380)")
     p.set_defaults(func=_verb("demo"))
     p = sub.add_parser("console", help="browse runs, trees, diffs and verification in a web page (read-only)")
     p.add_argument("files", nargs="*", metavar="FILE", help="OTLP files (JSON, JSON lines, protobuf, .gz)")

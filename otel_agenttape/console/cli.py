@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
 def demo_console(db: str, serve: bool = False, port: int | None = None) -> None:
     """End of ``agenttape demo``: the console's URL, and with ``serve`` the console itself until Ctrl-C."""
-    port = DEFAULT_PORT if port is None else port
+    port = _port(port, "CONSOLE_PORT", DEFAULT_PORT)  # as `agenttape console`: --console-port, else the env
     if not serve:
         print()
         print(f"See it in the browser: agenttape console --db {db}   # then open http://127.0.0.1:{port}/")
