@@ -282,9 +282,12 @@ def world(tmp_path_factory) -> Path:
         done = _sh(WORLD[1], folder, env)
         assert done.returncode == 0, done.stdout
         env = {**env, "AGENTTAPE_SIGNING_KEY": "signer.key"}
-        for command in WORLD[2:]:
-            done = _sh(_rewrite(command, ports), folder, env)
-            assert done.returncode == 0, f"{command}\n{done.stdout}"
+        procs = [(command, subprocess.Popen(["bash", "-e", "-c", _rewrite(command, ports)], cwd=folder, env=env,
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                 for command in WORLD[2:]]  # independent recordings, at once
+        for command, proc in procs:
+            out, _ = proc.communicate(timeout=BLOCK_TIMEOUT)
+            assert proc.returncode == 0, f"{command}\n{out}"
     finally:
         server.stop()
     for path in folder.iterdir():  # the named files are written per folder, with its ports
@@ -480,6 +483,10 @@ def _run_shell(block: Block, chain: Chain, code: str) -> None:
                 _serve("\n".join([*before, line]), chain, None)
             else:
                 before.append(line)
+        after = [line for line in before if line.strip() and not line.lstrip().startswith("#")]
+        if after and not SERVER_COMMAND.match(code.strip().splitlines()[-1].strip()):
+            done = _sh("\n".join(before), chain.folder, chain.env)
+            assert done.returncode == 0, f"{block.id} failed:\n{code}\n---\n{done.stdout}"
         return
     done = _sh(((setup + "\n") if setup else "") + code, chain.folder, chain.env)
     assert done.returncode == 0, f"{block.id} failed:\n{code}\n---\n{done.stdout}"
