@@ -101,3 +101,21 @@ def demo_ref(agent: str, db: str = "agenttape.duckdb") -> str:
 
     with otel_agenttape.open(db) as tapes:
         return tapes.runs(agent=agent).runs[0].ref
+
+
+def langchain_stand_ins() -> tuple[Any, Any]:
+    """``ChatOpenAI`` (a scripted fake chat model: langchain-openai is not a test dependency) and a
+    ``charge`` tool, for a LangGraph fragment."""
+    from integrations_langgraph_app import ToolCallingFake
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+
+    def chat_openai(model: str) -> Any:
+        return ToolCallingFake(responses=[AIMessage(content="Charged.")])
+
+    @tool
+    def charge(amount: int) -> str:
+        """Charge the customer."""
+        return json.dumps({"charged": amount})
+
+    return chat_openai, charge
