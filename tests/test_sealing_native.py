@@ -115,3 +115,35 @@ def test_compiled_step_seals_as_the_python_method(monkeypatch, opts) -> None:
     assert all_calls == sum(1 for kind, _ in CALLS if kind == "end")
     if opts.get("checkpoint_every", 256) > 1 and not opts.get("checkpoint_on_nodes") and opts.get("seal_foreign", True):
         assert python_calls < all_calls / 2  # most spans took the compiled step
+
+
+def test_compiled_step_reads_and_changes_only_the_state_it_is_given() -> None:
+    """The step is given a ``SealState`` alone (no processor): it seals into an open tape's chain, and
+    steps aside, changing nothing, where the Python step must act (no tape, no chain, a checkpoint due)."""
+    import time
+
+    from otel_agenttape.integrity.chain import Chain
+    from otel_agenttape.integrity.leaf_fast import leaf_hash_from_sdk, native_module
+
+    span = next(s for kind, s in CALLS if kind == "end" and s.name.startswith("node")
+                and native_module.leaf_hash_sdk(s) is not None)
+    lh = leaf_hash_from_sdk(span)
+    state = sealing_fast.SealState(4, 3600.0, False, True)
+    assert sealing_fast.step(state, span) == (None, lh)  # no tape yet
+    tape = sealing_fast.Tape(state, span.context.trace_id, "tape-1", True)
+    state.tapes[tape.trace_id] = tape
+    assert sealing_fast.step(state, span) == (None, lh)  # no chain yet
+    tape.chain, tape.resource = Chain("tape-1"), span.resource
+    for seq in range(3):
+        sealed, none = sealing_fast.step(state, span)
+        assert none is None and sealed.attributes[semconv.CHAIN_SEQ] == seq
+        assert sealed.attributes[semconv.CHAIN_HASH] == tape.chain.head
+    assert sealing_fast.step(state, span) == (None, lh)  # the 4th link: a checkpoint is due (every=4)
+    assert state.sealed == tape.chain.size == 3
+    state.schedule(tape, 3, time.monotonic())  # a checkpoint taken: the next is due at 7 spans
+    assert sealing_fast.step(state, span)[0] is not None and tape.chain.size == 4
+    tape.due_time = time.monotonic()  # the interval has passed
+    assert sealing_fast.step(state, span) == (None, lh) and tape.chain.size == 4
+    state.schedule(tape, 4, time.monotonic())
+    state.on_nodes = True  # a node end may be due: the Python step decides
+    assert sealing_fast.step(state, span) == (None, lh) and state.sealed == 4

@@ -146,7 +146,9 @@ class SealingSpanProcessor(SpanProcessor):
                 sealed, due = self._seal(span)
             else:
                 sealed, lh = step(self._state, span)
-                sealed, due = self._seal(span, lh) if sealed is None else (sealed, None)
+                due = None
+                if sealed is None:  # the compiled step left it (and changed nothing): the Python step
+                    sealed, due = self._seal(span, lh)
         except Exception:
             self.errors += 1
             _log.debug("sealing failed; forwarding the span unsealed", exc_info=True)
