@@ -24,6 +24,7 @@ A block is marked with an HTML comment right before its fence (blank lines betwe
   namespace (the previous Python blocks of the chain run first in the same process).
 - ``needs-server``: a real ``agenttape serve`` runs on ``tapes.duckdb`` of the folder (free
   127.0.0.1 ports, the docs' 4318/4317 rewritten to them); ``needs-server: FILE`` serves FILE.
+- ``needs-s3: BUCKET``: the AWS variables point at a local S3 server (moto, 127.0.0.1) with BUCKET.
 - ``empty-store``: the folder has no ``tapes.duckdb`` yet (the doc records its own first).
 - ``serves``: each command (or the Python block) is a server: it must print its startup line and
   keep running; it is then stopped.
@@ -120,6 +121,8 @@ def _parse_marks(comments: list[str]) -> dict[str, Any]:
                     marks[item] = True
                 elif item == "needs-server" or item.startswith("needs-server:"):
                     marks["needs-server"] = item.partition(":")[2].strip() or "tapes.duckdb"
+                elif item.startswith("needs-s3:"):
+                    marks["needs-s3"] = item.partition(":")[2].strip()
                 elif item.startswith("file "):
                     marks["file"] = item[5:].strip()
                 elif "=" in item:
@@ -306,6 +309,26 @@ class Chain:
 
 
 CHAINS: dict[str, Chain] = {}
+S3: list[Any] = []  # the moto S3 server, started for the first block that needs one
+
+
+def _s3_env(bucket: str) -> dict[str, str]:
+    """A local S3 server (moto, on 127.0.0.1) holding ``bucket``, as the AWS variables the docs name."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    if not S3:
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        S3.append(server)
+    host, port = S3[0].get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    if bucket not in [b["Name"] for b in client.list_buckets().get("Buckets", [])]:
+        client.create_bucket(Bucket=bucket)
+    return env
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -315,6 +338,8 @@ def _stop_servers():
         if chain.server:
             chain.server.stop()
     CHAINS.clear()
+    while S3:
+        S3.pop().stop()
 
 
 def _chain(block: Block, world: Path, tmp_path_factory) -> Chain:
@@ -328,6 +353,8 @@ def _chain(block: Block, world: Path, tmp_path_factory) -> Chain:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     ports = _ports()
     chain = Chain(folder, ports, _env(ports))
+    if head.marks.get("needs-s3"):
+        chain.env.update(_s3_env(head.marks["needs-s3"]))
     _write_named_files(folder, ports, head.doc)
     if "needs-server" in head.marks:
         chain.server = Server(folder, head.marks["needs-server"], ports, chain.env)
