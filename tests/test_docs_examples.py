@@ -248,8 +248,25 @@ class Server:
                 raise RuntimeError(f"agenttape serve did not start: {self.proc.stdout.read()}")
             time.sleep(0.1)
 
+    def settle(self, timeout: float = 30.0) -> None:
+        """Wait until every span the server accepted is stored: a block that reads the store right after
+        one that recorded (a person runs them seconds apart) must not race the receiver's writer."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
+                text = response.read().decode()
+            accepted = _metric(text, "agenttape_spans_accepted_total")
+            stored = _metric(text, "agenttape_spans_stored_total") + _metric(text, "agenttape_spans_duplicate_total")
+            if stored >= accepted:
+                return
+            time.sleep(0.1)
+
     def stop(self) -> None:
         _stop(self.proc)
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
 
 
 def _stop(proc: subprocess.Popen) -> str:
@@ -525,6 +542,8 @@ def test_doc_block_runs(block: Block, world: Path, tmp_path_factory) -> None:
         pytest.skip(block.marks["skip"])
     chain = _chain(block, world, tmp_path_factory)
     try:
+        if chain.server:
+            chain.server.settle()
         code = _prepare(block, chain)
         if block.lang == "python":
             _run_python(block, chain, code)
