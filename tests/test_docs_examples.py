@@ -273,7 +273,7 @@ def _stop(proc: subprocess.Popen) -> str:
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(20)
+            proc.wait(60)  # a stopping receiver publishes what it holds into its lake first
         except (subprocess.TimeoutExpired, ProcessLookupError):
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
