@@ -195,7 +195,9 @@ def _rewrite(text: str, ports: dict[str, int]) -> str:
 
 def _env(ports: dict[str, int]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AGENTTAPE_", "OTEL_", "PYTEST_")) and "PROXY" not in k.upper()}
+           if not k.startswith(("AGENTTAPE_", "OTEL_", "PYTEST_", "OPENAI_AGENTS_")) and "PROXY" not in k.upper()}
+    # (other test modules set OPENAI_AGENTS_DISABLE_TRACING when pytest imports them; a reader's shell has
+    # none of these)
     dead = f"http://127.0.0.1:{ports['dead']}"
     env.update({
         "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
