@@ -36,22 +36,25 @@ def provider(receiver: str, name: str):
     return tp
 
 
-def agents_program(kind: str, receiver: str, base_url: str) -> str:
-    tp = provider(receiver, f"weather-{kind}")
-    from agents import (Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_trace_processors,
-                        set_tracing_disabled, trace)
-    from openai import AsyncOpenAI
+def instrument_agents(kind: str, tp) -> None:
+    """The Agents SDK under one instrumentation: ``oi-agents*`` OpenInference's, else the OTel one."""
+    from agents import set_trace_processors, set_tracing_disabled
 
     set_trace_processors([])  # the SDK's own uploader never runs; the instrumentation adds its processor
     set_tracing_disabled(False)
-    if kind == "oi-agents":
+    if kind.startswith("oi-agents"):
         from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
-
-        OpenAIAgentsInstrumentor().instrument(tracer_provider=tp)
     else:
         from opentelemetry.instrumentation.openai_agents import OpenAIAgentsInstrumentor
+    OpenAIAgentsInstrumentor().instrument(tracer_provider=tp)
 
-        OpenAIAgentsInstrumentor().instrument(tracer_provider=tp)
+
+def agents_program(kind: str, receiver: str, base_url: str) -> str:
+    tp = provider(receiver, f"weather-{kind}")
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, trace
+    from openai import AsyncOpenAI
+
+    instrument_agents(kind, tp)
 
     @function_tool
     def get_weather(city: str) -> str:
@@ -75,15 +78,9 @@ def agents_trip_program(kind: str, receiver: str) -> str:
     """The planner of ``integrations_agents_app.trip_agents`` (a function tool, an agent used as a tool,
     a guardrail and a handoff) on its fake models, under the instrumentation instead of our processor."""
     tp = provider(receiver, f"trip-{kind}")
-    from agents import Runner, set_trace_processors, set_tracing_disabled, trace
+    from agents import Runner, trace
 
-    set_trace_processors([])
-    set_tracing_disabled(False)
-    if kind == "oi-agents-trip":
-        from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
-    else:
-        from opentelemetry.instrumentation.openai_agents import OpenAIAgentsInstrumentor
-    OpenAIAgentsInstrumentor().instrument(tracer_provider=tp)
+    instrument_agents(kind, tp)
     from integrations_agents_app import trip_agents
 
     planner, _ = trip_agents()
