@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from otel_agenttape import semconv
-from otel_agenttape.anyvalue import attrs_from_python
+from otel_agenttape.codec.typed import attrs_from_python
 from otel_agenttape.capture import sealing_fast as sealing_module
 from otel_agenttape.capture.sealing import SealingSpanProcessor
 from otel_agenttape.integrity import Chain, Signer, leaf_from_sdk, sign_note

@@ -45,7 +45,7 @@ sys.path.insert(0, HERE)
 
 from replay import RUN_EVERY_NS, T0, Builder  # noqa: E402
 
-from otel_agenttape import anyvalue  # noqa: E402
+from otel_agenttape.codec import typed as anyvalue  # noqa: E402
 from otel_agenttape import semconv as sc  # noqa: E402
 from otel_agenttape.integrity.chain import genesis, link_hash  # noqa: E402
 from otel_agenttape.integrity.leaf import leaf_bytes, project_row  # noqa: E402

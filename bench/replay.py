@@ -28,7 +28,7 @@ import pyarrow as pa
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from otel_agenttape import anyvalue  # noqa: E402
+from otel_agenttape.codec import typed as anyvalue  # noqa: E402
 from otel_agenttape import semconv as sc  # noqa: E402
 from otel_agenttape.store import rows  # noqa: E402
 

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from otel_agenttape import anyvalue
+from otel_agenttape.codec import typed as anyvalue
 from otel_agenttape.store import rows, samples, schema
 from otel_agenttape.store.parquet import ParquetSink, export_parquet
 from otel_agenttape.store.writer import RUN_LOOKUP_SQL, Store, locked_config

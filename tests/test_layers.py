@@ -13,19 +13,20 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "otel_agenttape"
 
 LAYER = {
-    "semconv": 0, "anyvalue": 0, "atomicfile": 0, "native": 0, "outboxfile": 0,
-    "integrity": 1, "resume": 1,
-    "capture": 2, "store": 2,
-    "receiver": 3, "tape": 3, "sessions": 3, "integrations": 3,
-    "cli": 4, "commands": 4, "console": 4, "demo": 4, "doctor": 4, "__main__": 4, "__init__": 4, "sources": 4,  # the package facade re-exports setup()
+    "codec": 0,  # value and wire encodings: imports nothing else of the package
+    "semconv": 1, "anyvalue": 1, "atomicfile": 1, "native": 1, "outboxfile": 1,
+    "integrity": 2, "resume": 2,
+    "capture": 3, "store": 3,
+    "receiver": 4, "tape": 4, "sessions": 4, "integrations": 4,
+    "cli": 5, "commands": 5, "console": 5, "demo": 5, "doctor": 5, "__main__": 5, "__init__": 5, "sources": 5,  # the package facade re-exports setup()
 }
-TOP = 4  # the command line: its modules may import one another
+TOP = 5  # the command line: its modules may import one another
 # Same-layer imports that the design names explicitly.
-ALLOWED = {("outboxfile", "atomicfile"),  # both layer 0: the outbox syncs its folder with the shared helper
+ALLOWED = {("outboxfile", "atomicfile"),  # both layer 1: the outbox syncs its folder with the shared helper
            ("capture", "integrity"), ("capture", "resume"), ("tape", "store"), ("receiver", "store"),
            ("tape", "integrity"), ("tape", "resume")}
-FORBIDDEN_THIRD_PARTY = {"integrity": {"duckdb", "grpc"}, "resume": {"duckdb", "grpc"},
-                         "capture": {"duckdb", "pyarrow"}, "integrations": {"duckdb", "pyarrow", "grpc"}}
+FORBIDDEN_THIRD_PARTY = {"codec": {"duckdb", "pyarrow", "grpc"}, "integrity": {"duckdb", "grpc"},
+                         "resume": {"duckdb", "grpc"}, "capture": {"duckdb", "pyarrow"}, "integrations": {"duckdb", "pyarrow", "grpc"}}
 # Lower layers a unit still must not import: framework adapters run in the agent process, beside capture.
 FORBIDDEN_INTERNAL = {"integrations": {"store", "receiver", "tape"}}
 
@@ -157,4 +158,15 @@ def test_a_framework_adapter_importing_the_store_fails(tmp_path: Path) -> None:
     (pkg / "integrations" / "openai_agents.py").write_text("from ..store.writer import Store\n")
     assert layer_problems(pkg)
     (pkg / "integrations" / "openai_agents.py").write_text("from ..capture.api import current_run\n")
+    assert not layer_problems(pkg)
+
+
+def test_the_codec_imports_nothing_else_of_the_package(tmp_path: Path) -> None:
+    pkg = tmp_path / "otel_agenttape"
+    (pkg / "codec").mkdir(parents=True)
+    (pkg / "codec" / "__init__.py").write_text("")
+    (pkg / "semconv.py").write_text("")
+    (pkg / "codec" / "typed.py").write_text("from .. import semconv\n")
+    assert layer_problems(pkg)
+    (pkg / "codec" / "typed.py").write_text("from otel_agenttape.codec import jsontext\nimport orjson\n")
     assert not layer_problems(pkg)

@@ -8,7 +8,7 @@ import orjson
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from otel_agenttape import anyvalue
+from otel_agenttape.codec import typed as anyvalue
 from otel_agenttape import semconv as sc
 from otel_agenttape.store import rows, samples, tables, wirecache
 

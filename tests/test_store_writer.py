@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
-from otel_agenttape import anyvalue
+from otel_agenttape.codec import typed as anyvalue
 from otel_agenttape.store import samples
 from otel_agenttape.store.reader import open_reader
 from otel_agenttape.store.writer import Store

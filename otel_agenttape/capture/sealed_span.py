@@ -2,7 +2,7 @@
 
 ``SealedSpan`` is a shallow copy of an SDK ``ReadableSpan`` that carries the ``agenttape.chain.*``
 attributes (the SDK's ``on_end`` span is read-only). ``make_otlp_safe`` is the copy of a span whose
-values OTLP cannot carry (see ``integrity.leaf.otlp_safe``), with the coerced keys listed in
+values OTLP cannot carry (see ``codec.typed.otlp_safe``), with the coerced keys listed in
 ``agenttape.integrity.coerced``. The compiled sealing step (``_sealing.pyx``) builds a ``SealedSpan``
 the way ``SealedSpan.__init__`` does, from the field names below (``sealing_fast.configure`` passes them).
 """
@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace.status import Status
 
 from otel_agenttape import semconv
-from otel_agenttape.integrity.leaf import clean_text, otlp_safe_attributes
+from otel_agenttape.codec.typed import clean_text, otlp_safe_attributes
 
 # The instance fields a SealedSpan sets over its copy of the span's __dict__: the original span (for
 # its dropped counts) and the SDK's own ``ReadableSpan._attributes``, which ``attributes`` reads.
@@ -50,7 +50,7 @@ class SealedSpan(ReadableSpan):
 
 
 def make_otlp_safe(span: ReadableSpan) -> SealedSpan:
-    """A copy of ``span`` holding only what OTLP can carry (see ``leaf.otlp_safe``), coerced keys listed."""
+    """A copy of ``span`` holding only what OTLP can carry (see ``codec.typed.otlp_safe``), coerced keys listed."""
     attrs, coerced = otlp_safe_attributes(span.attributes)
     events = []
     for i, ev in enumerate(span.events):

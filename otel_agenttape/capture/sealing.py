@@ -33,10 +33,11 @@ from otel_agenttape import semconv
 from otel_agenttape.capture import sealing_fast as _fast
 from otel_agenttape.capture.sealed_span import SealedSpan, make_otlp_safe
 from otel_agenttape.capture.sealing_fast import SealState, Tape
+from otel_agenttape.codec.typed import NotOtlpSafe
 from otel_agenttape.integrity.chain import Chain
 from otel_agenttape.integrity.checkpoint import Checkpoint, read_checkpoint_file
 from otel_agenttape.integrity.jcs import CanonicalError
-from otel_agenttape.integrity.leaf import NotOtlpSafe, raw_attributes
+from otel_agenttape.integrity.leaf import raw_attributes
 from otel_agenttape.integrity.leaf_fast import leaf_hash_from_sdk
 from otel_agenttape.integrity.note import Signer, sign_note
 

@@ -11,13 +11,8 @@ from otel_agenttape.integrity.checkpoint import (
     parse_origin,
 )
 from otel_agenttape.integrity.jcs import CanonicalError
-from otel_agenttape.integrity.leaf import (
-    LEAF_VERSION,
-    NotOtlpSafe,
-    leaf_from_proto,
-    leaf_from_row,
-    otlp_safe_attributes,
-)
+from otel_agenttape.codec.typed import NotOtlpSafe, otlp_safe_attributes
+from otel_agenttape.integrity.leaf import LEAF_VERSION, leaf_from_proto, leaf_from_row
 from otel_agenttape.integrity.leaf_fast import leaf_from_sdk
 from otel_agenttape.integrity.merkle import (
     ProofError,

@@ -6,72 +6,32 @@ stored ``spans`` row with its ``span_events`` / ``span_links`` rows (``leaf_from
 is the reference; ``leaf_fast.leaf_from_sdk`` gives the leaf of a live span through the faster paths
 (compiled, then orjson), which tests hold equal to ``leaf_bytes(project_sdk(span))``. The
 projection is specified in ``docs/integrity.md``; values use the typed form of
-``otel_agenttape.anyvalue``. ``agenttape.chain.*`` attributes are the chain's output and are left
-out, as are resource and scope attributes (collectors legitimately add those) and span flags (set by
-the exporter from the transport context).
+``otel_agenttape.codec.typed``, maps in RFC 8785 key order. ``agenttape.chain.*`` attributes are the
+chain's output and are left out, as are resource and scope attributes (collectors legitimately add
+those) and span flags (set by the exporter from the transport context).
 """
 
 from __future__ import annotations
 
-import base64
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from otel_agenttape import semconv
-from otel_agenttape.anyvalue import from_proto
+from otel_agenttape.codec.typed import NotOtlpSafe, from_proto, strict_from_python
 from otel_agenttape.integrity.jcs import CanonicalError, dumps_ordered, sorted_keys
 
 LEAF_VERSION = 1
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
 _CHAIN_PREFIX = semconv.CHAIN_PREFIX
-_b64 = base64.b64encode
-
-
-class NotOtlpSafe(ValueError):
-    """A live attribute value that OTLP cannot carry as is (huge int, lone surrogate, odd type)."""
 
 
 # --- typed values ---------------------------------------------------------------------------------
 
 
-def encode_double(value: float) -> str:
-    """Python ``repr`` of the double; ``NaN``, ``Infinity``, ``-Infinity`` and ``-0.0`` tagged."""
-    if math.isnan(value):
-        return "NaN"
-    if value in (math.inf, -math.inf):
-        return "Infinity" if value > 0 else "-Infinity"
-    return repr(value)
-
-
 def typed_from_python(value: Any) -> dict[str, Any]:
     """Typed form of an SDK attribute value in canonical key order; raises ``NotOtlpSafe``."""
-    t = type(value)
-    if t is str:
-        return {"s": value}
-    if t is bool:
-        return {"bool": value}
-    if t is int:
-        if INT64_MIN <= value <= INT64_MAX:
-            return {"i": str(value)}
-        raise NotOtlpSafe("integer outside int64")
-    if t is float:
-        return {"d": encode_double(value)}
-    if t is tuple or t is list:
-        return {"a": [typed_from_python(v) for v in value]}
-    if t is bytes:
-        return {"b": _b64(value).decode("ascii")}
-    if value is None:
-        return {}
-    if isinstance(value, Mapping):
-        for k in value:
-            if type(k) is not str:
-                raise NotOtlpSafe("non-string map key")
-        return {"kv": _attrs_python(value, False)}
-    raise NotOtlpSafe(f"unsupported type {t.__name__}")
+    return strict_from_python(value, sorted_keys)
 
 
 def _attrs_python(attrs: Mapping[str, Any] | None, skip_chain: bool) -> dict[str, Any]:
@@ -93,7 +53,7 @@ def typed_from_proto(value: Any) -> dict[str, Any]:
 
 def _attrs_proto(key_values: Iterable[Any], skip_chain: bool) -> dict[str, Any]:
     last: dict[str, Any] = {}
-    for kv in key_values:  # duplicate keys: the last one wins (as in anyvalue)
+    for kv in key_values:  # duplicate keys: the last one wins (as in codec.typed)
         if skip_chain and kv.key.startswith(_CHAIN_PREFIX):
             continue
         last[kv.key] = kv.value
@@ -273,77 +233,14 @@ def leaf_from_row(row: Mapping[str, Any], events: Sequence[Mapping[str, Any]] = 
     return leaf_bytes(project_row(row, events, links))
 
 
-# --- making live values OTLP-safe -----------------------------------------------------------------
-
-
-def clean_text(text: str) -> str:
-    """Join surrogate pairs and replace each unpaired surrogate with U+FFFD (OTLP strings are UTF-8)."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-
-
-def otlp_safe(value: Any) -> Any:
-    """The value an OTLP exporter can send unchanged and the leaf hashes.
-
-    Integers outside int64 become their decimal string, text gets ``clean_text``, map keys become
-    cleaned strings (on a clash the later one wins, as OTLP decoders do), bytes-likes become bytes,
-    unknown types their ``str``.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, str):
-        return clean_text(str.__str__(value))
-    if isinstance(value, int):
-        v = int(value)
-        return v if INT64_MIN <= v <= INT64_MAX else str(v)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, Mapping):
-        return {clean_text(str(k)): otlp_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) or (isinstance(value, Sequence)):
-        return tuple(otlp_safe(v) for v in value)
-    return clean_text(str(value))
-
-
-def otlp_safe_attributes(attrs: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
-    """Make every attribute OTLP-safe; returns the new attributes and the (cleaned) keys that changed."""
-    out: dict[str, Any] = {}
-    changed: list[str] = []
-    for k, v in (attrs or {}).items():
-        key = clean_text(str(k))
-        safe = otlp_safe(v)
-        if key != k or not _same_typed(v, safe):
-            changed.append(key)
-        out[key] = safe
-    return out, changed
-
-
-def _same_typed(original: Any, safe: Any) -> bool:
-    try:
-        return typed_from_python(original) == typed_from_python(safe)
-    except NotOtlpSafe:
-        return False
-
-
 __all__ = [
     "LEAF_VERSION",
     "CanonicalError",
     "NotOtlpSafe",
     "canonical_typed",
-    "clean_text",
-    "encode_double",
     "leaf_bytes",
     "leaf_from_proto",
     "leaf_from_row",
-    "otlp_safe",
-    "otlp_safe_attributes",
     "project_proto",
     "project_row",
     "project_sdk",

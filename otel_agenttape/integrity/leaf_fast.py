@@ -22,9 +22,8 @@ from typing import Any
 import orjson
 
 from otel_agenttape import native, semconv
+from otel_agenttape.codec.typed import INT64_MAX, INT64_MIN
 from otel_agenttape.integrity.leaf import (
-    INT64_MAX,
-    INT64_MIN,
     LEAF_VERSION,
     leaf_bytes,
     project_sdk,

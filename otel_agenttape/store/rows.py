@@ -4,7 +4,7 @@ This is the ingest hot path. Trace requests are read through ``otlpwire`` (attri
 ``KeyValue`` bytes, mapped to typed JSON members through the caches of ``wirecache.py``), each span
 becomes one tuple (columns are transposed in C with ``zip``, or ``_spanwalk.columns``), the compiled
 walk (``_spanwalk.pyx``) takes spans in protobuf's own layout, and the attribute encoding matches
-``anyvalue.attrs_from_proto`` + ``anyvalue.dumps`` byte for byte (tests check it). Log requests are
+``codec.typed.attrs_from_proto`` + ``codec.typed.dumps`` byte for byte (tests check it). Log requests are
 read as OTLP messages. Spans repeated within one conversion (same trace id + span id) are kept once:
 the first wins. The table shapes, ``Tables`` and ``concat`` are in ``tables.py``.
 """
@@ -20,7 +20,8 @@ import orjson
 import pyarrow as pa
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from otel_agenttape import anyvalue, native
+from otel_agenttape import native
+from otel_agenttape.codec.typed import from_proto
 from otel_agenttape.store import otlpwire, wirecache
 from otel_agenttape.store.tables import (  # SCHEMAS, Tables, arrow_schema, concat: also taken from here
     NO_PROMOTED,
@@ -53,7 +54,7 @@ _SORT = orjson.OPT_SORT_KEYS
 
 def _typed(value: Any) -> dict[str, Any]:
     """One AnyValue -> typed form: the shared encoding, so stored rows hash like live spans."""
-    return anyvalue.from_proto(value)
+    return from_proto(value)
 
 
 def _typed_attrs(key_values: Iterable[Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """DuckDB tables of the tape store.
 
 Ids are lowercase hex, times are integer nanoseconds since the epoch, and every attribute set is
-stored as typed JSON (see ``otel_agenttape.anyvalue``) so that an int stays an int, a double a double
+stored as typed JSON (see ``otel_agenttape.codec.typed``) so that an int stays an int, a double a double
 and bytes stay bytes: integrity verification recomputes span hashes from these rows.
 Promoted columns copy what queries filter on out of ``attributes``; ``attributes`` stays the truth.
 ``docs/schema.md`` documents every column.

@@ -1,6 +1,6 @@
 """Attribute sets of OTLP spans from raw ``KeyValue`` bytes, through caches: the ingest fast path.
 
-The reference encoding is ``anyvalue.dumps(anyvalue.attrs_from_proto(...))`` (typed JSON, keys
+The reference encoding is ``dumps(attrs_from_proto(...))`` of ``codec.typed`` (typed JSON, keys
 sorted); ``attrs_json`` gives the same text byte for byte (``tests/test_store_rows.py`` checks it).
 ``rows.py`` converts spans with these routines, and the compiled walk (``_spanwalk.pyx``) consults the
 same caches: ``CACHES`` is what it is given, explicitly (the caches, their limits and the routines that
@@ -16,8 +16,8 @@ import orjson
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-from otel_agenttape import anyvalue
 from otel_agenttape import semconv as sc
+from otel_agenttape.codec.typed import from_proto
 from otel_agenttape.store import otlpwire
 from otel_agenttape.store.tables import NO_PROMOTED, PROMOTED, PROVIDER_SLOT, SLOT, promoted_int, promoted_text
 
@@ -27,7 +27,7 @@ _SORT = orjson.OPT_SORT_KEYS
 # CACHED_KV_BYTES long are cached: they repeat across spans (names, models, ids of the run, small
 # numbers); longer values (messages, prompts) are parsed every time. An attribute set is then the
 # pieces of its last-occurring keys in sorted order, joined: exactly what
-# ``orjson.dumps(anyvalue.attrs_from_proto(...), option=OPT_SORT_KEYS)`` gives. The order (a "plan")
+# ``orjson.dumps(typed.attrs_from_proto(...), option=OPT_SORT_KEYS)`` gives. The order (a "plan")
 # depends only on the tuple of keys, which spans of one kind share, so it is cached too.
 #
 # A value enters a cache the second time it misses: the first miss only notes its hash in a "seen
@@ -133,7 +133,7 @@ def kv_entry(raw: bytes) -> tuple[str, str, Any]:
     if s:  # most values: skip WhichOneof and the dict encoding
         entry = string_piece(key, s)
     else:
-        typed = anyvalue.from_proto(v)
+        typed = from_proto(v)
         piece = orjson.dumps({key: typed}, option=_SORT)[1:-1].decode()
         slot = SLOT.get(key)
         if slot is not None:

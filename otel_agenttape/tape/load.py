@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from .. import anyvalue
+from ..codec.typed import attrs_to_python, to_python
 from .. import semconv as sc
 
 
@@ -347,7 +347,7 @@ def load_traces(reader: Reader, windows: Windows, into: TraceSet | None = None, 
             end_ns=int(r["end_time_unix_nano"] or 0),
             status_code=int(r["status_code"] or 0),
             status_message=r["status_message"] or None,
-            attrs=anyvalue.attrs_to_python(r["attributes"]),
+            attrs=attrs_to_python(r["attributes"]),
             run_id=r["run_id"],
             parent_run_id=r["parent_run_id"],
             node_type=r["node_type"],
@@ -372,7 +372,7 @@ def load_traces(reader: Reader, windows: Windows, into: TraceSet | None = None, 
                     "index": int(e["event_index"]),
                     "time_ns": int(e["time_unix_nano"] or 0),
                     "name": e["name"],
-                    "attrs": anyvalue.attrs_to_python(e["attributes"]),
+                    "attrs": attrs_to_python(e["attributes"]),
                 }
             )
     ts.spans.update(new)
@@ -412,13 +412,13 @@ def load_logs(reader: Reader, ids: Sequence[str], ts: TraceSet) -> None:
         span = ts.spans.get((log["trace_id"], log["span_id"] or ""))
         if span is None:
             continue
-        attrs = anyvalue.attrs_to_python(log["attributes"])
+        attrs = attrs_to_python(log["attributes"])
         body = log["body"]
         span.logs.append(
             {
                 "time_ns": int(log["time_unix_nano"] or 0),
                 "event_name": log["event_name"] or attrs.get(sc.LOG_EVENT_NAME),
-                "body": anyvalue.to_python(orjson.loads(body)) if body else None,
+                "body": to_python(orjson.loads(body)) if body else None,
                 "attrs": attrs,
             }
         )

@@ -11,7 +11,7 @@ import os
 from collections import defaultdict
 from typing import Any
 
-from .. import anyvalue
+from ..codec.typed import attrs_to_python
 from ..resume import ResumeIndex
 from ..resume.spans import entry_from_span
 from ..semconv import EVENT_TEXT, MODEL_OPERATIONS, OP_EXECUTE_TOOL
@@ -49,12 +49,12 @@ def build_resume_index(reader: Any, run_id: str, *, tape: str | None = None, tra
             f"WHERE {nodes}) s ON e.trace_id = s.trace_id AND e.span_id = s.span_id "
             "WHERE e.name = ? ORDER BY e.trace_id, e.span_id, e.event_index", [*params, EVENT_TEXT]))
         for ev in ev_rows:
-            events[(ev["trace_id"], ev["span_id"])].append((ev["name"], anyvalue.attrs_to_python(ev["attributes"])))
+            events[(ev["trace_id"], ev["span_id"])].append((ev["name"], attrs_to_python(ev["attributes"])))
     index = ResumeIndex(tape or run_id, **kwargs)
     positions: dict[str, int] = defaultdict(int)
     occurrences: dict[tuple[str, str], int] = defaultdict(int)
     for row in spans:
-        attrs = anyvalue.attrs_to_python(row["attributes"])
+        attrs = attrs_to_python(row["attributes"])
         kind_probe = entry_from_span(attrs, tape=index.tape)
         if kind_probe is None:
             continue

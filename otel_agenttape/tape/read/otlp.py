@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from ... import anyvalue
+from ...codec.typed import decode_double
 from ..load import Reader, _rows
 
 
@@ -19,7 +19,7 @@ def _value(typed: dict[str, Any]) -> dict[str, Any]:
         return {"intValue": str(typed["i"])}
     if "d" in typed:
         d = typed["d"]
-        return {"doubleValue": d if d in ("NaN", "Infinity", "-Infinity") else anyvalue.decode_double(d)}
+        return {"doubleValue": d if d in ("NaN", "Infinity", "-Infinity") else decode_double(d)}
     if "bool" in typed:
         return {"boolValue": bool(typed["bool"])}
     if "b" in typed:

@@ -4,7 +4,7 @@ import math
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from otel_agenttape import anyvalue
+from otel_agenttape.codec import typed as anyvalue
 
 
 def test_int_and_double_stay_distinct():
@@ -40,3 +40,10 @@ def test_int64_extremes_survive_text():
     typed = anyvalue.from_proto(msg)
     assert typed == {"i": str(big)}
     assert anyvalue.to_python(anyvalue.loads(anyvalue.dumps({"k": typed}))["k"]) == big
+
+
+def test_the_first_module_name_still_works():
+    """``otel_agenttape.anyvalue`` (named by earlier docs) gives the same functions."""
+    from otel_agenttape import anyvalue as old
+
+    assert old.from_python is anyvalue.from_python and old.attrs_to_python is anyvalue.attrs_to_python

@@ -1,0 +1,6 @@
+"""The value and wire encodings every layer uses; the lowest layer, importing nothing else of the package.
+
+- ``typed``: OTLP typed values (the one-key JSON form the store keeps and the canonical leaf hashes), and
+  live values made OTLP-safe.
+- ``jsontext``: JSON text of payloads (SDK objects as plain data) and JSON text parsed back.
+"""
