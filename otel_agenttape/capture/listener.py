@@ -18,13 +18,13 @@ from opentelemetry.trace import Link
 
 from otel_agenttape import semconv as sc
 from otel_agenttape.capture.events import AgentEvent, EventType
-from otel_agenttape.capture.jsonutil import to_plain
 from otel_agenttape.capture.nodes import ModelNode, OpenNodes, RunState, ToolNode, step_key, tool_key, tool_part
 from otel_agenttape.capture.records import MODEL, NodeRecord
 from otel_agenttape.capture.redact import Redactor
 from otel_agenttape.capture.sinks import NodeSink, RecordFanout
 from otel_agenttape.capture.span_mapping import PayloadContent, SpanMapper
 from otel_agenttape.capture.stats import CaptureStats
+from otel_agenttape.codec.jsontext import to_plain
 
 
 def _hex_ids(span: Any) -> tuple[str | None, str | None]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from otel_agenttape.capture.jsonutil import parse_structured_json, to_plain
+from otel_agenttape.codec.jsontext import parse_structured_json, to_plain
 
 _FINISH_MAP = {
     "tool_calls": "tool_call",

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_agenttape.capture.events import AgentEvent
-from otel_agenttape.capture.jsonutil import to_plain
 from otel_agenttape.capture.messages import convert_message, describe_response, map_finish_reason
 from otel_agenttape.capture.records import MODEL, TOOL, NodeRecord
 from otel_agenttape.capture.usage import Usage, parse_usage
+from otel_agenttape.codec.jsontext import to_plain
 
 #: Request parameters read from a prompt mapping (the span mapping names their attributes).
 REQUEST_PARAMS = ("max_tokens", "max_output_tokens", "max_completion_tokens", "temperature", "top_p", "stream")

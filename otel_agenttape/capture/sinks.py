@@ -10,9 +10,9 @@ from typing import Any, Protocol
 
 import orjson
 
-from otel_agenttape.capture.jsonutil import _default
 from otel_agenttape.capture.records import NodeRecord
 from otel_agenttape.capture.stats import CaptureStats
+from otel_agenttape.codec.jsontext import json_default
 
 
 class NodeSink(Protocol):
@@ -49,7 +49,7 @@ class JsonlSink:
         self._lock = threading.Lock()
 
     def write(self, record: NodeRecord) -> None:
-        line = orjson.dumps(record.to_dict(), default=_default, option=orjson.OPT_NON_STR_KEYS) + b"\n"
+        line = orjson.dumps(record.to_dict(), default=json_default, option=orjson.OPT_NON_STR_KEYS) + b"\n"
         with self._lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:

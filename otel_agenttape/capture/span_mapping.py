@@ -20,13 +20,13 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from otel_agenttape import semconv as sc
 from otel_agenttape.capture.events import AgentEvent
 from otel_agenttape.capture.fastspan import BareStart, set_valid_attributes
-from otel_agenttape.capture.jsonutil import dumps, payload_text, to_plain
 from otel_agenttape.capture.messages import convert_messages, output_messages, system_instructions, tool_definitions
 from otel_agenttape.capture.nodes import ModelNode, ModelRequest, RunState, ToolNode
 from otel_agenttape.capture.records import MODEL, TOOL, NodeRecord
 from otel_agenttape.capture.redact import Redactor
 from otel_agenttape.capture.stats import CaptureStats
 from otel_agenttape.capture.usage import ABSENT
+from otel_agenttape.codec.jsontext import dumps, payload_text, to_plain
 
 REQUEST_PARAM_ATTRIBUTES = {
     "max_tokens": sc.GEN_AI_REQUEST_MAX_TOKENS,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..capture.jsonutil import parse_any_json
+from ..codec.jsontext import parse_any_json
 from ..resume.errors import DivergenceError, RecordedToolError, UnrecordedCallError
 from ..resume.keys import request_diff
 from .content import to_messages

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..capture.jsonutil import parse_any_json
+from ..codec.jsontext import parse_any_json
 
 if TYPE_CHECKING:
     from .model import Message

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import semconv as sc
-from ..capture.jsonutil import parse_any_json
+from ..codec.jsontext import parse_any_json
 from .content import to_messages
 from .model import Message
 

@@ -13,7 +13,7 @@ import hashlib
 from typing import Any
 
 from .. import semconv as sc
-from ..capture.jsonutil import parse_any_json
+from ..codec.jsontext import parse_any_json
 from . import frameworks
 from .content import dump_json, to_messages, tool_definitions
 from .load import SpanRow

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import semconv as sc
-from ..capture.jsonutil import parse_any_json
+from ..codec.jsontext import parse_any_json
 from ..resume.errors import RecordedToolError
 from .content import openai_tools, to_messages
 from .model import Node, ToolCall, Usage

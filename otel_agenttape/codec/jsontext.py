@@ -35,7 +35,8 @@ def to_plain(value: Any) -> Any:
     return value
 
 
-def _default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """orjson's ``default``: SDK objects as plain data, sets as lists, bytes as base64, else ``repr``."""
     plain = to_plain(value)
     if plain is not value:
         return plain
@@ -54,7 +55,7 @@ def dumps(value: Any) -> str:
         # Plain JSON data (the common case) needs no default hook or key coercion.
         return orjson.dumps(value).decode("utf-8")
     except TypeError:
-        return orjson.dumps(value, default=_default, option=_OPTS).decode("utf-8")
+        return orjson.dumps(value, default=json_default, option=_OPTS).decode("utf-8")
 
 
 def payload_text(value: Any) -> str:
