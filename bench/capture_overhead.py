@@ -3,7 +3,7 @@
 (a) plain: TracerProvider + BatchSpanProcessor + OTLP/HTTP exporter, writing by hand the same span a
     capture model call produces (same name, kind, attributes, ~2.7 KB).
 (b) agenttape: ``otel_agenttape.setup(endpoint=...)`` (default pipeline: sealed, exported by the
-    official OTLP/HTTP exporter whose request encoding is ``capture/otlp_wire.py``, byte-identical to
+    official OTLP/HTTP exporter whose request encoding is ``codec/otlp_encode.py``, byte-identical to
     the SDK encoder's) with ``run.model_call(...)`` + ``call.finish(...)`` per span.
 
 Both export over OTLP/HTTP to a sink server in a separate process (its CPU is not counted). CPU is this

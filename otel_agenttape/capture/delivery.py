@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_agenttape.capture.otlp_wire import encode_trace_request
+from otel_agenttape.codec.otlp_encode import encode_trace_request
 
 DEFAULT_MAX_REQUEST_BYTES = 4 << 20
 _log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The official OTLP span exporters (HTTP and gRPC), with requests encoded by ``otlp_wire`` and
+"""The official OTLP span exporters (HTTP and gRPC), with requests encoded by ``codec.otlp_encode`` and
 delivered by ``delivery``.
 
 The SDK exporters' own parts are kept: endpoint and header resolution, the ``OTEL_EXPORTER_OTLP_*``
@@ -44,7 +44,7 @@ from otel_agenttape.capture.delivery import (
     deliver,
     encode_bounded,
 )
-from otel_agenttape.capture.otlp_wire import encode_trace_request
+from otel_agenttape.codec.otlp_encode import encode_trace_request
 
 try:
     from grpc import RpcError, StatusCode

@@ -3,4 +3,5 @@
 - ``typed``: OTLP typed values (the one-key JSON form the store keeps and the canonical leaf hashes), and
   live values made OTLP-safe.
 - ``jsontext``: JSON text of payloads (SDK objects as plain data) and JSON text parsed back.
+- ``otlp_encode``: SDK spans written straight to OTLP protobuf request bytes (what the exporters send).
 """

@@ -19,9 +19,9 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from otel_agenttape.capture import otlp_wire
 from otel_agenttape.capture.otlp_exporters import TapeOtlpHttpSpanExporter
-from otel_agenttape.capture.otlp_wire import encode_trace_request
+from otel_agenttape.codec import otlp_encode
+from otel_agenttape.codec.otlp_encode import encode_trace_request
 
 RESOURCE = Resource({"service.name": "planner", "host.id": "h-1"})
 SCOPE = InstrumentationScope("otel_agenttape", "0.1.0", None, {"scope.attr": 1})
@@ -94,7 +94,7 @@ def test_values_that_compare_equal_keep_their_own_types():
 def test_a_key_with_ever_changing_values_stops_growing_the_cache():
     spans = [span({"agenttape.chain.hash": f"{i:064x}"}, span_id=i + 1) for i in range(200)]
     assert_same(spans)
-    assert len(otlp_wire._str_cache["agenttape.chain.hash"]) <= otlp_wire._CACHE_PER_KEY
+    assert len(otlp_encode._str_cache["agenttape.chain.hash"]) <= otlp_encode._CACHE_PER_KEY
 
 
 def test_unencodable_attributes_are_skipped_like_the_sdk_does(caplog):
