@@ -122,7 +122,7 @@ def test_requests_prepared_in_a_worker_answer_like_the_main_process(tmp_path):
 
     from otel_agenttape.receiver.decode import JSON, PROTOBUF, DecodeError
     from otel_agenttape.receiver.prepare import prepare
-    from otel_agenttape.store import otlpwire
+    from otel_agenttape.codec import otlp_view
 
     store = Store(str(tmp_path / "w.duckdb"))
     wal = WriteAheadLog(tmp_path / "wal")
@@ -130,9 +130,9 @@ def test_requests_prepared_in_a_worker_answer_like_the_main_process(tmp_path):
     pool.start()
     p = IngestPipeline(store, wal, Metrics(), pool=pool)
     good = trace_request(5, attrs={"gen_ai.request.model": "m", "n": 3})
-    bad = otlpwire.parse_traces(good.SerializeToString())
+    bad = otlp_view.parse_traces(good.SerializeToString())
     bad.resource_spans[0].scope_spans[0].spans[1].trace_id = b"\x01" * 3
-    broken = otlpwire.parse_traces(good.SerializeToString())
+    broken = otlp_view.parse_traces(good.SerializeToString())
     broken.resource_spans[0].scope_spans[0].spans[2].attributes.append(b"\x0a\x02\xff\xfe")
     cases = [(KIND_TRACES, good.SerializeToString(), PROTOBUF), (KIND_TRACES, bad.SerializeToString(), PROTOBUF),
              (KIND_LOGS, logs_request(3).SerializeToString(), PROTOBUF),

@@ -21,7 +21,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_agenttape import semconv as sc
-from otel_agenttape.store import otlpwire, rows, samples
+from otel_agenttape.codec import otlp_view
+from otel_agenttape.store import rows, samples
 
 if rows._spanwalk is None:  # tests/test_native.py fails where it must be built (CI)
     pytest.skip("the compiled span walk is not built (pip install -e . builds it)", allow_module_level=True)
@@ -52,7 +53,7 @@ def _same(bodies: list[bytes], check: bool = True) -> object:
 
 def _request(spans: list[bytes]) -> bytes:
     """A request holding ``spans`` (serialized, any layout) in one ScopeSpans."""
-    req = otlpwire.RawTracesRequest()
+    req = otlp_view.RawTracesRequest()
     rs = req.resource_spans.add()
     rs.resource.attributes.append(KeyValue(key="service.name", value=AnyValue(string_value="svc")).SerializeToString())
     ss = rs.scope_spans.add()

@@ -194,9 +194,9 @@ def test_wire_reading_matches_the_shared_encoding_for_any_layout():
     )
     from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-    from otel_agenttape.store import otlpwire
+    from otel_agenttape.codec import otlp_view
 
-    wire = otlpwire.parse_traces(_typed_spans()[0].SerializeToString())
+    wire = otlp_view.parse_traces(_typed_spans()[0].SerializeToString())
     spans = wire.resource_spans[0].scope_spans[0].spans
     for sp in spans:
         sp.attributes.append(KeyValue(key=sc.GEN_AI_REQUEST_MODEL, value={"string_value": "m-1"}).SerializeToString())
@@ -222,16 +222,16 @@ def test_wire_reading_rejects_what_otlp_rejects_and_counts_bad_ids():
     import pytest
     from google.protobuf.message import DecodeError
 
-    from otel_agenttape.store import otlpwire
+    from otel_agenttape.codec import otlp_view
 
     body = _typed_spans()[0].SerializeToString()
-    wire = otlpwire.parse_traces(body)
+    wire = otlp_view.parse_traces(body)
     wire.resource_spans[0].scope_spans[0].spans[0].attributes.append(b"\x0a\x02\xff\xfe")  # key not UTF-8
     with pytest.raises(DecodeError):
         rows.traces_to_tables([wire.SerializeToString()])
     with pytest.raises(DecodeError):
         rows.traces_to_tables([b"\x0a\xff\xff"])
-    wire = otlpwire.parse_traces(body)
+    wire = otlp_view.parse_traces(body)
     wire.resource_spans[0].scope_spans[0].spans[0].span_id = b"\x00" * 8
     problems: dict[str, int] = {}
     t = rows.traces_to_tables([wire.SerializeToString()], problems)
@@ -318,11 +318,11 @@ def test_malformed_event_attribute_is_never_cached():
     import pytest
     from google.protobuf.message import DecodeError
 
-    from otel_agenttape.store import otlpwire
+    from otel_agenttape.codec import otlp_view
 
-    wire = otlpwire.parse_traces(_events_request([["a"]]).SerializeToString())
+    wire = otlp_view.parse_traces(_events_request([["a"]]).SerializeToString())
     events = wire.resource_spans[0].scope_spans[0].spans[0].events  # serialized events
-    ev = otlpwire.Event.FromString(events[0])
+    ev = otlp_view.Event.FromString(events[0])
     ev.attributes.append(b"\x0a\x02\xff\xfe")
     events[0] = ev.SerializeToString()
     body = wire.SerializeToString()
@@ -410,7 +410,7 @@ def test_varied_and_repeated_spans_match_the_uncached_reference():
 def test_values_that_never_repeat_stay_out_of_the_caches():
     """A pair or an event set enters its cache the second time it is decoded: unique response ids and
     event texts never fill the caches (which would clear the repeated entries with them)."""
-    from otel_agenttape.store import otlpwire
+    from otel_agenttape.codec import otlp_view
 
     rows.traces_to_tables([_model_spans_request(3, varied=False).SerializeToString()])  # warm: seen twice
     kv_before, set_before = dict(wirecache.KV_CACHE), dict(wirecache.SET_CACHE)
@@ -418,9 +418,9 @@ def test_values_that_never_repeat_stay_out_of_the_caches():
     assert event_before  # the sample's events repeat
     body = _model_spans_request(200, varied=True, tag="u").SerializeToString()  # not seen by other tests
     rows.traces_to_tables([body])
-    wire = otlpwire.parse_traces(body).resource_spans[0].scope_spans[0].spans
+    wire = otlp_view.parse_traces(body).resource_spans[0].scope_spans[0].spans
     unique_kvs = {r for sp in wire for r in sp.attributes if b"chatcmpl-u" in r}
-    unique_sets = {tuple(otlpwire.Event.FromString(ev).attributes[:]) for sp in wire for ev in sp.events}
+    unique_sets = {tuple(otlp_view.Event.FromString(ev).attributes[:]) for sp in wire for ev in sp.events}
     unique_events = {ev[9:] for sp in wire for ev in sp.events}
     assert len(unique_kvs) == 200 and len(unique_sets) == 200 * len(wire[0].events)
     assert not unique_kvs & wirecache.KV_CACHE.keys() and not unique_sets & wirecache.SET_CACHE.keys()
@@ -478,9 +478,9 @@ def test_string_values_match_protobuf_and_invalid_ones_raise():
         with pytest.raises(DecodeError):
             wirecache.kv_entry(raw)
     # through a whole request, warm or cold caches
-    from otel_agenttape.store import otlpwire
+    from otel_agenttape.codec import otlp_view
 
-    wire = otlpwire.parse_traces(_model_spans_request(2, varied=False).SerializeToString())
+    wire = otlp_view.parse_traces(_model_spans_request(2, varied=False).SerializeToString())
     wire.resource_spans[0].scope_spans[0].spans[1].attributes.append(plain(sc.GEN_AI_RESPONSE_ID.encode(), b"\xed\xa0\x80"))
     for _ in range(2):
         with pytest.raises(DecodeError):
@@ -498,7 +498,7 @@ def test_events_in_any_layout_match_the_otlp_reading():
     )
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-    from otel_agenttape.store import otlpwire
+    from otel_agenttape.codec import otlp_view
 
     def event(**kw) -> bytes:
         return Span.Event(**kw).SerializeToString()
@@ -526,7 +526,7 @@ def test_events_in_any_layout_match_the_otlp_reading():
            other_time + b"\x1a\x04\x0a\x02\xff\xfe"]
 
     def request(raws: list[bytes]) -> bytes:
-        wire = otlpwire.parse_traces(_events_request([[]]).SerializeToString())
+        wire = otlp_view.parse_traces(_events_request([[]]).SerializeToString())
         sp = wire.resource_spans[0].scope_spans[0].spans[0]
         del sp.events[:]
         sp.events.extend(raws)

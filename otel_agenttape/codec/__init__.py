@@ -4,4 +4,5 @@
   live values made OTLP-safe.
 - ``jsontext``: JSON text of payloads (SDK objects as plain data) and JSON text parsed back.
 - ``otlp_encode``: SDK spans written straight to OTLP protobuf request bytes (what the exporters send).
+- ``otlp_view``: OTLP trace requests parsed with every attribute left as raw bytes (what the store reads).
 """

@@ -28,7 +28,7 @@ from otel_agenttape.receiver.itemcheck import (
     span_time_problem,
 )
 from otel_agenttape.receiver.limits import DEFAULT_MAX_BODY
-from otel_agenttape.store.otlpwire import KIND_MAX, KIND_MIN, span_problem
+from otel_agenttape.store.span_rules import KIND_MAX, KIND_MIN, span_problem
 
 __all__ = ["DEFAULT_MAX_BODY"]  # re-exported: callers set body limits with it
 

@@ -15,7 +15,8 @@ from typing import Any
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from otel_agenttape.store import otlpwire
+from otel_agenttape.codec import otlp_view
+from otel_agenttape.store.span_rules import span_problem
 
 MAX_TIME = 2**63 - 1
 PAST_2262 = "past 2^63 - 1 ns (the year 2262)"
@@ -64,13 +65,13 @@ def _span_bytes_problem(raw: bytes) -> str | None:
         sp = Span.FromString(raw)  # the OTLP class checks every string, attributes and events included
     except (_ProtoDecodeError, ValueError, RuntimeError):
         return BAD_UTF8
-    return otlpwire.span_problem(sp) or span_time_problem(sp)
+    return span_problem(sp) or span_time_problem(sp)
 
 
 def salvage_traces(body: bytes, problems: dict[str, int]) -> bytes:
     """The request without the spans that cannot be stored (counted in ``problems`` by reason);
     raises ``google.protobuf.message.DecodeError`` when the request itself does not parse."""
-    req = otlpwire.RawTracesRequest.FromString(body)
+    req = otlp_view.RawTracesRequest.FromString(body)
     for rs in req.resource_spans:
         for ss in rs.scope_spans:
             keep = []

@@ -13,6 +13,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 
+from otel_agenttape.codec import otlp_view
 from otel_agenttape.receiver.decode import (
     JSON,
     DecodeError,
@@ -26,7 +27,7 @@ from otel_agenttape.receiver.decode import (
 from otel_agenttape.receiver.itemcheck import metric_reason, salvage_traces, times_in_range
 from otel_agenttape.receiver.wirecount import count_items
 from otel_agenttape.receiver.wal import KIND_TRACES
-from otel_agenttape.store import otlpwire, rows
+from otel_agenttape.store import rows
 
 
 @dataclass
@@ -162,7 +163,7 @@ def _prepared_traces(body: bytes, tables: Any, problems: dict[str, int]) -> Prep
     if not rejected:
         return Prepared(accepted, 0, "", None, tables)
     # rare: store (and log in the WAL) only the valid spans, like a client that sent just those
-    wire = otlpwire.parse_traces(body)
+    wire = otlp_view.parse_traces(body)
     for rs in wire.resource_spans:
         for ss in rs.scope_spans:
             spans = ss.spans

@@ -1,6 +1,6 @@
 """OTLP requests -> Arrow tables shaped exactly like the store tables (``schema.py``).
 
-This is the ingest hot path. Trace requests are read through ``otlpwire`` (attributes stay raw
+This is the ingest hot path. Trace requests are read through ``otlp_view`` (attributes stay raw
 ``KeyValue`` bytes, mapped to typed JSON members through the caches of ``wirecache.py``), each span
 becomes one tuple (columns are transposed in C with ``zip``, or ``_spanwalk.columns``), the compiled
 walk (``_spanwalk.pyx``) takes spans in protobuf's own layout, and the attribute encoding matches
@@ -21,8 +21,9 @@ import pyarrow as pa
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_agenttape import native
+from otel_agenttape.codec import otlp_view
 from otel_agenttape.codec.typed import from_proto
-from otel_agenttape.store import otlpwire, wirecache
+from otel_agenttape.store import span_rules, wirecache
 from otel_agenttape.store.tables import (  # SCHEMAS, Tables, arrow_schema, concat: also taken from here
     NO_PROMOTED,
     PROVIDER_SLOT,
@@ -85,7 +86,7 @@ class _Resources:
         return rid, (promoted_text(svc) if svc else None)
 
     def add_wire(self, resource: Any, schema_url: str) -> tuple[str, str | None]:
-        """``add`` for an ``otlpwire`` resource (attributes as raw ``KeyValue`` bytes); cached by content."""
+        """``add`` for an ``otlp_view`` resource (attributes as raw ``KeyValue`` bytes); cached by content."""
         ckey = (tuple(resource.attributes), tuple(resource.entity_refs), resource.dropped_attributes_count, schema_url)
         hit = RESOURCE_CACHE.get(ckey)
         if hit is None:
@@ -111,12 +112,12 @@ class _Resources:
 
 
 def _source(request: Any) -> Any:
-    """Serialized bytes, or an ``otlpwire.TracesRequest`` given as such (an OTLP message is serialized)."""
+    """Serialized bytes, or an ``otlp_view.TracesRequest`` given as such (an OTLP message is serialized)."""
     if isinstance(request, bytes):
         return request
     if isinstance(request, (bytearray, memoryview)):
         return bytes(request)
-    if isinstance(request, otlpwire.TracesRequest):
+    if isinstance(request, otlp_view.TracesRequest):
         return request
     return request.SerializeToString()
 
@@ -124,7 +125,7 @@ def _source(request: Any) -> Any:
 def traces_to_tables(requests: Iterable[Any], problems: dict[str, int] | None = None, *,
                      compiled: bool | None = None) -> Tables:
     """Convert trace requests (serialized ``ExportTraceServiceRequest`` bytes, OTLP messages, or
-    ``otlpwire`` messages) to spans/span_events/span_links/resources.
+    ``otlp_view`` messages) to spans/span_events/span_links/resources.
 
     With a ``problems`` dict, spans with invalid ids are left out and counted there by reason
     (``span_problem``); without one every span is converted. Raises
@@ -145,10 +146,10 @@ def traces_to_tables(requests: Iterable[Any], problems: dict[str, int] | None = 
             gc.enable()
 
 
-_ZERO_TRACE = otlpwire.ZERO_TRACE_ID
-_ZERO_SPAN = otlpwire.ZERO_SPAN_ID
-span_problem = otlpwire.span_problem
-_KIND_MIN, _KIND_MAX = otlpwire.KIND_MIN, otlpwire.KIND_MAX
+_ZERO_TRACE = otlp_view.ZERO_TRACE_ID
+_ZERO_SPAN = otlp_view.ZERO_SPAN_ID
+span_problem = span_rules.span_problem
+_KIND_MIN, _KIND_MAX = span_rules.KIND_MIN, span_rules.KIND_MAX
 
 
 def _decode_only(span: Any) -> None:
@@ -188,7 +189,7 @@ class Conversion:
 
     def add_span(self, span: Any, rid: str, scope_name: str | None, scope_version: str | None,
                  service: str | None) -> None:
-        """One ``otlpwire`` span: its row, its events' and links' rows (or a problem, or a repeat).
+        """One ``otlp_view`` span: its row, its events' and links' rows (or a problem, or a repeat).
         ``_spanwalk`` does the same for spans in protobuf's own layout; the tests hold them equal."""
         tid_b = span.trace_id
         sid_b = span.span_id
@@ -306,7 +307,7 @@ def _walk_caches(conv: Conversion) -> Any:
     ``conv.add_span`` of the span parsed by protobuf."""
     def fallback(raw: bytes, rid: str, scope_name: str | None, scope_version: str | None,
                  service: str | None) -> None:
-        conv.add_span(otlpwire.Span.FromString(raw), rid, scope_name, scope_version, service)
+        conv.add_span(otlp_view.Span.FromString(raw), rid, scope_name, scope_version, service)
 
     return _spanwalk.Caches(CACHES, fallback)
 
@@ -321,12 +322,12 @@ def _traces_to_tables(requests: list[Any], problems: dict[str, int] | None,
         if walk and isinstance(request, bytes):
             if caches is None:
                 caches = _walk_caches(conv)
-            for rs in otlpwire.RawTracesRequest.FromString(request).resource_spans:
+            for rs in otlp_view.RawTracesRequest.FromString(request).resource_spans:
                 for ss in rs.scope_spans:
                     walk(ss.spans[:], conv, _scope(conv, rs, ss), caches)
             continue
         if isinstance(request, bytes):
-            request = otlpwire.parse_traces(request)
+            request = otlp_view.parse_traces(request)
         for rs in request.resource_spans:
             for ss in rs.scope_spans:
                 rid, scope_name, scope_version, service = _scope(conv, rs, ss)

@@ -17,8 +17,8 @@ from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from otel_agenttape import semconv as sc
+from otel_agenttape.codec import otlp_view
 from otel_agenttape.codec.typed import from_proto
-from otel_agenttape.store import otlpwire
 from otel_agenttape.store.tables import NO_PROMOTED, PROMOTED, PROVIDER_SLOT, SLOT, promoted_int, promoted_text
 
 _SORT = orjson.OPT_SORT_KEYS
@@ -227,7 +227,7 @@ CACHED_EVENT_BYTES = 640
 EVENT_CACHE: dict[bytes, tuple[str, str, int]] = {}
 EVENT_SEEN: set[int] = set()
 event_cached = EVENT_CACHE.get
-parse_event = otlpwire.Event.FromString
+parse_event = otlp_view.Event.FromString
 
 
 def event_fields(raw: bytes) -> tuple[int, str, str, int]:
@@ -251,7 +251,7 @@ def plain_tail(tail: bytes) -> bool:
     """Whether ``tail`` holds only an event's name, attributes and dropped count, laid out as
     protobuf writes them (no time field, no unknown field, nothing written twice)."""
     try:
-        msg = otlpwire.EventTail.FromString(tail)
+        msg = otlp_view.EventTail.FromString(tail)
     except _ProtoDecodeError:
         return False
     msg.DiscardUnknownFields()

@@ -4,7 +4,7 @@ Reading a parsed OTLP span from Python costs one call per field of every ``KeyVa
 ``AnyValue``, and most attributes repeat from span to span (operation, model, provider, run and
 session ids, small numbers). These messages declare the same field numbers and types as the OTLP
 protos, except that each repeated ``KeyValue`` field is ``repeated bytes``: one parse gives the spans
-with their attributes as byte strings, which ``rows.py`` maps to their typed JSON through a cache
+with their attributes as byte strings, which the store's ``rows.py`` maps to their typed JSON through a cache
 and parses with the real ``KeyValue`` only on a miss. A span's events are ``repeated bytes`` too
 (each one an ``Event``, which ``rows.py`` parses only when its cache misses: events of one kind
 repeat all but their time). Everything else decodes exactly as with the OTLP classes (UTF-8 checks
@@ -92,30 +92,6 @@ def parse_traces(payload: bytes) -> Any:
     return TracesRequest.FromString(payload)
 
 
-# the store's kind column is a TINYINT: a kind OTLP may add later still fits, an absurd one is rejected
-KIND_MIN, KIND_MAX = -128, 127
+# ids OTLP reserves for "no id"
 ZERO_TRACE_ID = bytes(16)
 ZERO_SPAN_ID = bytes(8)
-
-
-def span_problem(span: Any) -> str | None:
-    """Why a span cannot be stored (bad ids), or None: the rule the receiver answers partial success with."""
-    tid = span.trace_id
-    if len(tid) != 16:
-        return f"trace_id must be 16 bytes, got {len(tid)}"
-    if tid == ZERO_TRACE_ID:
-        return "trace_id is all zeros"
-    sid = span.span_id
-    if len(sid) != 8:
-        return f"span_id must be 8 bytes, got {len(sid)}"
-    if sid == ZERO_SPAN_ID:
-        return "span_id is all zeros"
-    pid = span.parent_span_id
-    if pid and len(pid) != 8:
-        return f"parent_span_id must be empty or 8 bytes, got {len(pid)}"
-    for link in span.links:
-        if len(link.trace_id) != 16 or len(link.span_id) != 8:
-            return "link ids must be 16 (trace) and 8 (span) bytes"
-    if not KIND_MIN <= span.kind <= KIND_MAX:
-        return f"kind must be between {KIND_MIN} and {KIND_MAX} (OTLP's are 0-5), got {span.kind}"
-    return None
