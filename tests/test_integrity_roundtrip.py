@@ -27,10 +27,10 @@ from opentelemetry.trace import (
 )
 
 from otel_agenttape import semconv
+from otel_agenttape.codec.otlp_decode import JSON, PROTOBUF, decode_traces
 from otel_agenttape.integrity import leaf_from_proto, leaf_from_sdk, link_hash
 from otel_agenttape.integrity.jcs import dumps as jcs_dumps
 from otel_agenttape.integrity.leaf import project_sdk
-from otel_agenttape.receiver.decode import JSON, PROTOBUF, decode_traces
 from otel_agenttape.store.parquet import export_parquet
 from otel_agenttape.store.reader import open_reader
 from otel_agenttape.store.writer import Store

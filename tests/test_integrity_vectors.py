@@ -12,8 +12,8 @@ import orjson
 import pytest
 import rfc8785
 
+from otel_agenttape.codec.otlp_decode import JSON, decode_traces
 from otel_agenttape.integrity import genesis, leaf_from_proto, leaf_from_row, link_hash
-from otel_agenttape.receiver.decode import JSON, decode_traces
 
 VECTORS = sorted((Path(__file__).parent / "vectors" / "leaf").glob("*.json"))
 

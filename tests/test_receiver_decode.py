@@ -10,7 +10,7 @@ import zlib
 import pytest
 from receiver_util import logs_request, trace_request
 
-from otel_agenttape.receiver.decode import (
+from otel_agenttape.codec.otlp_decode import (
     BodyTooLarge,
     DecodeError,
     UnsupportedMediaType,
@@ -18,9 +18,8 @@ from otel_agenttape.receiver.decode import (
     decode_traces,
     decompress,
     media_type,
-    validate_logs,
-    validate_traces,
 )
+from otel_agenttape.receiver.validation import validate_logs, validate_traces
 
 TID = "5B8EFFF798038103D269B633813FC60C"
 SID = "EEE19B7EC3C1B174"

@@ -120,7 +120,7 @@ def test_requests_prepared_in_a_worker_answer_like_the_main_process(tmp_path):
     (rows, partial success, 400) as in the main process, and the hand-off folder goes with the pool."""
     import os
 
-    from otel_agenttape.receiver.decode import JSON, PROTOBUF, DecodeError
+    from otel_agenttape.codec.otlp_decode import JSON, PROTOBUF, DecodeError
     from otel_agenttape.receiver.prepare import prepare
     from otel_agenttape.codec import otlp_view
 
@@ -189,7 +189,7 @@ def test_a_dead_worker_costs_no_request(tmp_path):
     import os
     import signal
 
-    from otel_agenttape.receiver.decode import PROTOBUF
+    from otel_agenttape.codec.otlp_decode import PROTOBUF
 
     store = Store(str(tmp_path / "k.duckdb"))
     wal = WriteAheadLog(tmp_path / "wal")

@@ -4,5 +4,8 @@
   live values made OTLP-safe.
 - ``jsontext``: JSON text of payloads (SDK objects as plain data) and JSON text parsed back.
 - ``otlp_encode``: SDK spans written straight to OTLP protobuf request bytes (what the exporters send).
+- ``otlp_decode``: OTLP/HTTP request bodies (protobuf or OTLP JSON, gzip/deflate) decoded into the request
+  messages, and response messages encoded.
+- ``otlp_files``: OTLP files (JSON, JSON lines, protobuf, gzip) decoded into requests.
 - ``otlp_view``: OTLP trace requests parsed with every attribute left as raw bytes (what the store reads).
 """

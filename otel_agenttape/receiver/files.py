@@ -1,152 +1,27 @@
-"""Reading OTLP files for ``agenttape ingest``: one JSON request, JSON lines (the Collector's file
-exporter), or one protobuf request, each optionally gzip-compressed. Same decoding and validation as
-the receiver."""
+"""OTLP files into the store for ``agenttape ingest`` and the read model: read and decoded by
+``codec.otlp_files`` (JSON, JSON lines, protobuf, gzip), validated as the receiver validates a request."""
 
 from __future__ import annotations
 
-import gzip
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from otel_agenttape.receiver.decode import (
-    JSON,
-    PROTOBUF,
-    DecodeError,
-    Validated,
-    decode_logs,
-    decode_traces,
-    validate_logs,
-    validate_traces,
-)
-from otel_agenttape.receiver.service import LOGS, TRACES
+from otel_agenttape.codec.otlp_decode import LOGS, PROTOBUF, TRACES, DecodeError
+from otel_agenttape.codec.otlp_files import Decoded, decode_otlp_file, decode_request
+from otel_agenttape.receiver.validation import Validated, validate_logs, validate_traces
 
 
-def _load(path: Path) -> bytes:
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise DecodeError(f"{path}: invalid gzip: {exc}") from None
-    return data
-
-
-def _json_signal(doc: Any) -> str:
-    if isinstance(doc, dict) and ("resourceLogs" in doc or "resource_logs" in doc):
-        return LOGS
-    return TRACES
-
-
-def _decode(signal: str, body: bytes, media: str) -> Validated:
-    problems: dict[str, int] = {}  # items whose ids are not hex: rejected like the receiver rejects them
-    if signal == LOGS:
-        return validate_logs(decode_logs(body, media, problems), problems)
-    return validate_traces(decode_traces(body, media, problems), problems)
-
-
-_JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
-_PROTOBUF_SUFFIXES = (".pb", ".binpb", ".protobuf", ".proto", ".bin")
-_BOM = b"\xef\xbb\xbf"
-
-
-def _format_by_name(path: Path) -> str | None:
-    """``json`` or ``protobuf`` from the name (``.json``/``.jsonl``, ``.pb``/``.binpb``..., before ``.gz``)."""
-    name = path.name.lower()
-    for gz in (".gz", ".gzip"):
-        name = name.removesuffix(gz)
-    if name.endswith(_JSON_SUFFIXES):
-        return "json"
-    if name.endswith(_PROTOBUF_SUFFIXES):
-        return "protobuf"
-    return None
-
-
-def _json_documents(p: Path, data: bytes) -> list[tuple[int | None, bytes, Any]]:
-    """``(line number or None, raw, parsed)`` of one JSON document, or of each line of JSON lines."""
-    try:
-        return [(None, data, orjson.loads(data))]
-    except orjson.JSONDecodeError as whole:
-        lines = [(n, line) for n, line in enumerate(data.splitlines(), 1) if line.strip()]
-        if len(lines) < 2 or not all(line.lstrip().startswith(b"{") for _, line in lines):
-            raise DecodeError(f"{p}: invalid JSON: {whole}") from None
-    docs: list[tuple[int | None, bytes, Any]] = []
-    for n, line in lines:
-        try:
-            docs.append((n, line, orjson.loads(line)))
-        except orjson.JSONDecodeError as exc:
-            raise DecodeError(f"{p}:{n}: invalid JSON: {exc}") from None
-    return docs
+def _validated(decoded: Decoded) -> tuple[str, Validated]:
+    validate = validate_logs if decoded.signal == LOGS else validate_traces
+    return decoded.signal, validate(decoded.request, decoded.problems)
 
 
 def read_otlp_file(path: str | os.PathLike[str], signal: str | None = None) -> list[tuple[str, Validated]]:
-    """``(signal, validated request)`` for every request in the file; raises ``DecodeError``.
-
-    JSON or protobuf is told by the name (``.json``, ``.jsonl``, ``.pb``, ``.binpb``... before ``.gz``),
-    else by the content. ``signal`` forces ``traces`` or ``logs`` for protobuf files (JSON says which it is); by default a
-    protobuf file is read as logs when its name contains ``log``, else as traces. An empty file is an
-    error: it is more likely a failed export than an export of nothing.
-    """
-    p = Path(path)
-    data = _load(p)
-    if data.startswith(_BOM):
-        data = data[len(_BOM):]
-    if not data.strip():
-        raise DecodeError(f"no OTLP data in {p} (the file is empty)")
-    fmt = _format_by_name(p)
-    if fmt == "json":
-        return _read_json(p, data)
-    if fmt == "protobuf" or data.lstrip()[:1] != b"{":
-        return _read_protobuf(p, data, signal)
-    try:
-        return _read_json(p, data)
-    except DecodeError:
-        # a protobuf request starts with "\n<length>"; a length of 123 reads as "\n{"
-        if data[:1] == b"\n":
-            try:
-                return _read_protobuf(p, data, signal)
-            except DecodeError:
-                pass
-        raise
-
-
-_OTLP_JSON_KEYS = ("resourceSpans", "resource_spans", "resourceLogs", "resource_logs")
-
-
-def _not_otlp(where: str, doc: Any) -> DecodeError:
-    found = f"keys: {', '.join(sorted(map(str, doc))[:5])}" if isinstance(doc, dict) else f"a JSON {type(doc).__name__}"
-    return DecodeError(f"{where}: not an OTLP export (an OTLP JSON document holds resourceSpans or resourceLogs; "
-                       f"found {found or 'an empty object'})")
-
-
-def _read_json(p: Path, data: bytes) -> list[tuple[str, Validated]]:
-    out = []
-    for n, raw, doc in _json_documents(p, data):
-        if not isinstance(doc, dict) or not any(k in doc for k in _OTLP_JSON_KEYS):
-            # e.g. {"foo": 1} or a capture JSONL file: it would decode as an empty request
-            raise _not_otlp(f"{p}:{n}" if n is not None else str(p), doc)
-        sig = _json_signal(doc)
-        try:
-            out.append((sig, _decode(sig, raw, JSON)))
-        except DecodeError as exc:
-            raise DecodeError(f"{p}:{n}: {exc}" if n is not None else f"{p}: {exc}") from None
-    return out
-
-
-def _read_protobuf(p: Path, data: bytes, signal: str | None) -> list[tuple[str, Validated]]:
-    sig = signal or (LOGS if "log" in p.name.lower() else TRACES)
-    try:
-        v = _decode(sig, data, PROTOBUF)
-    except DecodeError as exc:
-        raise DecodeError(f"{p}: {exc}") from None
-    resources = v.request.resource_logs if sig == LOGS else v.request.resource_spans
-    if not len(resources):  # bytes that parse only as unknown fields: not an export of this signal
-        raise DecodeError(f"{p}: not an OTLP {sig} protobuf request (no resource {'logs' if sig == LOGS else 'spans'} "
-                          f"in {len(data)} bytes; --signal says which signal a protobuf file holds)")
-    return [(sig, v)]
+    """``(signal, validated request)`` for every request in the file (``codec.otlp_files.decode_otlp_file``);
+    items the store cannot hold are rejected as the receiver rejects them. Raises ``DecodeError``."""
+    return [_validated(d) for d in decode_otlp_file(path, signal)]
 
 
 def read_outbox_folder(path: str | os.PathLike[str]) -> list[tuple[str, Validated]]:
@@ -162,7 +37,7 @@ def read_outbox_folder(path: str | os.PathLike[str]) -> list[tuple[str, Validate
             if rec.kind != outboxfile.KIND_TRACES:
                 raise DecodeError(f"{path}: record of unknown kind {rec.kind}")
             try:
-                out.append((TRACES, _decode(TRACES, rec.payload, PROTOBUF)))
+                out.append(_validated(decode_request(TRACES, rec.payload, PROTOBUF)))
             except DecodeError as exc:
                 raise DecodeError(f"{path}: segment {rec.segment} offset {rec.offset}: {exc}") from None
     except outboxfile.OutboxFormatError as exc:

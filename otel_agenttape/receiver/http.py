@@ -38,7 +38,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Route
 
-from otel_agenttape.receiver.decode import (
+from otel_agenttape.codec.otlp_decode import (
     JSON,
     BodyTooLarge,
     DecodeError,

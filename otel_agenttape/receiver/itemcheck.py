@@ -9,18 +9,17 @@ conversion of a request failed or found a bad time.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from otel_agenttape.codec import otlp_view
+from otel_agenttape.codec.otlp_decode import BAD_UTF8
 from otel_agenttape.store.span_rules import span_problem
 
 MAX_TIME = 2**63 - 1
 PAST_2262 = "past 2^63 - 1 ns (the year 2262)"
-BAD_UTF8 = "a string that is not valid UTF-8"
 END_BEFORE_START = "end_time_unix_nano before start_time_unix_nano"
 
 # the ``reason`` label of agenttape_*_rejected_total for each kind of problem text
@@ -95,42 +94,3 @@ def times_in_range(tables: Any) -> bool:
     import pyarrow.compute as pc
 
     return not pc.any(pc.less(spans.column("end_time_unix_nano"), spans.column("start_time_unix_nano"))).as_py()
-
-
-# --- OTLP JSON -------------------------------------------------------------------------------
-
-
-def loads_lenient(body: bytes) -> Any:
-    """Parse JSON whose strings may hold bytes that are not UTF-8 or lone surrogate escapes (each
-    becomes a lone surrogate, which ``has_bad_string`` finds); None when it is not JSON at all."""
-    try:
-        return json.loads(body.decode("utf-8", "surrogateescape"))
-    except (ValueError, RecursionError):
-        return None
-
-
-def has_bad_string(value: Any) -> bool:
-    """True when a JSON value holds a string (or key) that is not valid Unicode text."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return False
-
-
-def drop_bad_strings(items: list[Any], problems: dict[str, int]) -> None:
-    """Remove (and count) the JSON items with a string that is not valid UTF-8."""
-    bad = [i for i, item in enumerate(items) if has_bad_string(item)]
-    for i in reversed(bad):
-        del items[i]
-    if bad:
-        problems[BAD_UTF8] = problems.get(BAD_UTF8, 0) + len(bad)

@@ -23,9 +23,9 @@ from typing import Any
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from otel_agenttape.codec.otlp_decode import BodyTooLarge, DecodeError
 from otel_agenttape.receiver.batchrows import batch_tables
 from otel_agenttape.receiver.convert import ConvertPool
-from otel_agenttape.receiver.decode import BodyTooLarge, DecodeError
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.prepare import Prepared, prepare
 from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES, WriteAheadLog

@@ -14,17 +14,9 @@ from typing import Any
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 
 from otel_agenttape.codec import otlp_view
-from otel_agenttape.receiver.decode import (
-    JSON,
-    DecodeError,
-    decode_logs,
-    decode_traces,
-    summary,
-    too_many,
-    validate_logs,
-    validate_traces,
-)
+from otel_agenttape.codec.otlp_decode import JSON, DecodeError, decode_logs, decode_traces, too_many
 from otel_agenttape.receiver.itemcheck import metric_reason, salvage_traces, times_in_range
+from otel_agenttape.receiver.validation import summary, validate_logs, validate_traces
 from otel_agenttape.receiver.wirecount import count_items
 from otel_agenttape.receiver.wal import KIND_TRACES
 from otel_agenttape.store import rows

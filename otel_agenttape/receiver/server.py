@@ -19,10 +19,9 @@ from typing import Any
 import orjson
 
 from otel_agenttape.receiver.convert import ConvertPool, default_workers
-from otel_agenttape.receiver.decode import DEFAULT_MAX_BODY
 from otel_agenttape.receiver.grpc import GrpcReceiver
 from otel_agenttape.receiver.http import HttpContext, HttpReceiver
-from otel_agenttape.receiver.limits import Limits
+from otel_agenttape.receiver.limits import DEFAULT_MAX_BODY, Limits
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import DEFAULT_MAX_QUEUE_BYTES, IngestPipeline
 from otel_agenttape.receiver.service import ExportService

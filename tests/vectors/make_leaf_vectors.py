@@ -39,8 +39,8 @@ from opentelemetry.trace import (
 
 from otel_agenttape import semconv
 from otel_agenttape.capture.sealing import SealingSpanProcessor
+from otel_agenttape.codec.otlp_decode import JSON, decode_traces
 from otel_agenttape.integrity import Signer, genesis, leaf_from_sdk
-from otel_agenttape.receiver.decode import JSON, decode_traces
 from otel_agenttape.store.rows import traces_to_tables
 
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
