@@ -4,11 +4,12 @@ Transports call ``prepare`` (decode, validate and convert one body: in a convert
 pool runs, see ``convert.py``) and then ``accept``, which returns only once the request is durable in
 the write-ahead log. One writer thread drains the in-memory queue into the store in large batches
 (every request that arrived while the previous batch was being written: one DuckDB transaction),
-then tells the WAL those records are applied. Requests queued without rows (accepted as messages,
-or while the pool was starting) are converted by the writer, in the workers when the backlog is
-large. Memory stays bounded: when the queued bytes pass the limit, ``accept`` holds the request
-briefly if the writer is draining, and otherwise raises ``Backpressure`` so the transport answers
-429/503 with a retry delay.
+then tells the WAL those records are applied; each write, and the replay of the WAL at startup, is
+``batch_writer.py``'s. Requests queued without rows (accepted as messages, or while the pool was
+starting) are converted by the writer, in the workers when the backlog is large. Memory stays
+bounded: when the queued bytes pass the limit, ``accept`` holds the request briefly if the writer
+is draining, and otherwise raises ``Backpressure`` so the transport answers 429/503 with a retry
+delay.
 """
 
 from __future__ import annotations
@@ -17,19 +18,14 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
 from otel_agenttape.codec.otlp_decode import BodyTooLarge, DecodeError
-from otel_agenttape.receiver.batchrows import batch_tables
+from otel_agenttape.receiver.batch_writer import BatchWriter, Queued
 from otel_agenttape.receiver.convert import ConvertPool
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.prepare import Prepared, prepare
-from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES, WriteAheadLog
-from otel_agenttape.store import rows
+from otel_agenttape.receiver.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +41,6 @@ DEFAULT_ADMISSION_WAIT = 3.0
 _DRAINING_SECONDS = 5.0
 _MAX_ADMISSION_WAITERS = 8
 _STORE_FAILURES_UNHEALTHY = 3
-_REPLAY_BATCH_BYTES = 32 * 1024 * 1024
-
-
-def _rows_bytes(tables: dict[str, Any]) -> int:
-    return sum(t.get_total_buffer_size() for t in tables.values())
 
 
 class Backpressure(Exception):
@@ -59,28 +50,6 @@ class Backpressure(Exception):
         super().__init__(message)
         self.retry_after = retry_after
         self.unavailable = unavailable
-
-
-@dataclass
-class _Item:
-    seq: int
-    kind: int
-    request: Any  # the decoded message (stores without ``write_tables``), else None
-    payload: bytes  # the WAL record
-    count: int
-    size: int
-    tables: Any = None  # rows.Tables when the request was converted before it was queued
-    at: float = field(default_factory=time.monotonic)  # when it was accepted
-
-    def message(self) -> Any:
-        return self.request if self.request is not None else parse_payload(self.kind, self.payload)
-
-
-def parse_payload(kind: int, payload: bytes) -> Any:
-    """Rebuild the request message of a WAL record."""
-    msg = ExportTraceServiceRequest() if kind == KIND_TRACES else ExportLogsServiceRequest()
-    msg.ParseFromString(payload)
-    return msg
 
 
 class IngestPipeline:
@@ -102,13 +71,12 @@ class IngestPipeline:
         on_stored: Any = None,
     ) -> None:
         self.store = store
-        self.on_stored = on_stored  # called with each write's stored tables (metrics derived from spans)
         self.sink = sink  # optional ParquetSink: gets exactly the rows each write stored
         # rows built outside the writer need the store's two-step API (rows, then write_tables)
         self.converts = hasattr(store, "write_tables")
         self.pool = pool if pool is not None and pool.workers > 0 and self.converts else None
         self.pool_threshold = pool_threshold  # a backlog of this many spans/records starts the pool
-        self.chunk_items = chunk_items
+        self.writer = BatchWriter(store, metrics, sink, on_stored, self.pool, pool_threshold, chunk_items)
         self.wal = wal
         self.metrics = metrics
         self.max_queue_bytes = max_queue_bytes
@@ -120,7 +88,7 @@ class IngestPipeline:
         self._idle = threading.Condition(self._lock)
         self._room = threading.Condition(self._lock)
         self._waiters = 0
-        self._queue: deque[_Item] = deque()
+        self._queue: deque[Queued] = deque()
         self._reserved_bytes = 0  # admitted, not yet in the store (includes WAL appends in flight)
         self._reserved_items = 0
         self._in_flight = 0  # admitted requests not yet in the store
@@ -136,33 +104,7 @@ class IngestPipeline:
 
     def replay_wal(self) -> int:
         """Apply the records an earlier process left in the WAL; returns how many records were replayed."""
-        records = 0
-        batch: list[_Item] = []
-        size = 0
-        for kind, payload in self.wal.replay():
-            try:
-                # read back the way it was read when accepted (``prepare``): rows, or the message
-                item = _Item(0, kind, None, payload, 0, len(payload))
-                if not self.converts:
-                    item.request = parse_payload(kind, payload)
-                elif kind == KIND_TRACES:
-                    item.tables = rows.traces_to_tables([payload])
-                else:
-                    item.tables = rows.logs_to_tables([parse_payload(kind, payload)])
-            except Exception:  # noqa: BLE001 - a record that passed CRC but not parsing is skipped
-                log.warning("skipping an unreadable WAL record of %d bytes", len(payload))
-                continue
-            batch.append(item)
-            records += 1
-            size += len(payload)
-            if size >= min(self.max_batch_bytes, _REPLAY_BATCH_BYTES):
-                self._write_batch(batch)
-                batch, size = [], 0
-        if batch:
-            self._write_batch(batch)
-        self.wal.drop_replayed()
-        self.metrics.inc("agenttape_wal_replayed_records_total", records)
-        return records
+        return self.writer.replay(self.wal, self.max_batch_bytes)
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -185,18 +127,7 @@ class IngestPipeline:
         when they were already converted; raises ``Backpressure`` when full."""
         size = len(payload)
         with self._lock:
-            if self._closing:
-                raise Backpressure("the receiver is shutting down", 5.0, unavailable=True)
-            if self._store_failures >= _STORE_FAILURES_UNHEALTHY:
-                raise Backpressure("the store is failing; retry later", 5.0, unavailable=True)
-            if not self._wait_room(size):
-                self._raise_if_unavailable()
-                self.metrics.inc("agenttape_backpressure_total")
-                raise Backpressure(
-                    f"ingest queue full ({self._reserved_bytes} bytes waiting for the store)",
-                    self._retry_after(size),
-                    unavailable=False,
-                )
+            self._admit(size)
             self._reserved_bytes += size
             self._reserved_items += count
             self._in_flight += 1
@@ -210,7 +141,7 @@ class IngestPipeline:
                 self._idle.notify_all()
             raise
         # rows, or the bytes to convert them from; the message only for stores that take messages
-        item = _Item(seq, kind, None if self.converts else request, payload, count, size, tables)
+        item = Queued(seq, kind, None if self.converts else request, payload, count, size, tables)
         with self._lock:
             self._queue.append(item)
             backlog = self._reserved_items
@@ -221,23 +152,24 @@ class IngestPipeline:
     def check_admission(self) -> None:
         """Raise ``Backpressure`` when a request would surely be refused, before its body is read."""
         with self._lock:
-            if self._closing:
-                raise Backpressure("the receiver is shutting down", 5.0, unavailable=True)
-            if self._store_failures >= _STORE_FAILURES_UNHEALTHY:
-                raise Backpressure("the store is failing; retry later", 5.0, unavailable=True)
-            if not self._wait_room(1):
-                self._raise_if_unavailable()
-                self.metrics.inc("agenttape_backpressure_total")
-                raise Backpressure(
-                    f"ingest queue full ({self._reserved_bytes} bytes waiting for the store)",
-                    self._retry_after(),
-                    unavailable=False,
-                )
+            self._admit(1)
 
     def admits_now(self) -> bool:
         """True when ``check_admission`` would pass without waiting (it is then not needed)."""
         with self._lock:
             return not self._closing and self._store_failures < _STORE_FAILURES_UNHEALTHY and self._fits(1)
+
+    def _admit(self, size: int) -> None:
+        """With the lock held: return once ``size`` more bytes may be queued, else raise ``Backpressure``."""
+        self._raise_if_unavailable()
+        if not self._wait_room(size):
+            self._raise_if_unavailable()
+            self.metrics.inc("agenttape_backpressure_total")
+            raise Backpressure(
+                f"ingest queue full ({self._reserved_bytes} bytes waiting for the store)",
+                self._retry_after(size),
+                unavailable=False,
+            )
 
     def _raise_if_unavailable(self) -> None:
         if self._closing:
@@ -283,8 +215,8 @@ class IngestPipeline:
         self._thread = threading.Thread(target=self._run, name="agenttape-writer", daemon=True)
         self._thread.start()
 
-    def _take_batch(self) -> list[_Item]:
-        batch: list[_Item] = []
+    def _take_batch(self) -> list[Queued]:
+        batch: list[Queued] = []
         items = nbytes = 0
         while self._queue and (not batch or (items < self.max_batch_items and nbytes < self.max_batch_bytes)):
             it = self._queue.popleft()
@@ -292,41 +224,6 @@ class IngestPipeline:
             items += it.count
             nbytes += it.size
         return batch
-
-    def _write_batch(self, batch: list[_Item]) -> None:
-        """Store a batch in one write: its rows (converting the items that have none), or its messages."""
-        start = time.perf_counter()
-        if not self.converts:
-            traces = [it.message() for it in batch if it.kind == KIND_TRACES]
-            logs = [it.message() for it in batch if it.kind == KIND_LOGS]
-            if traces:
-                res = self.store.write_traces(traces)
-                self._to_sink(res)
-                self.metrics.inc("agenttape_spans_stored_total", getattr(res, "spans_stored", 0))
-                self.metrics.inc("agenttape_spans_duplicate_total", getattr(res, "duplicates", 0))
-                self._count_conflicts(res)
-            if logs:
-                res = self.store.write_logs(logs)
-                self._to_sink(res)
-                self.metrics.inc("agenttape_logs_stored_total", getattr(res, "logs_stored", 0))
-        else:
-            tables = rows.concat(self._tables(batch))
-            res = self.store.write_tables(tables)
-            self._to_sink(res)
-            self.metrics.inc("agenttape_store_written_bytes_total", _rows_bytes(res.tables))
-            self.metrics.inc("agenttape_spans_stored_total", res.spans_stored)
-            self.metrics.inc("agenttape_spans_duplicate_total", res.duplicates)
-            self._count_conflicts(res)
-            self.metrics.inc("agenttape_logs_stored_total", res.logs_stored)
-        self.metrics.observe("agenttape_store_write_seconds", time.perf_counter() - start)
-
-    def _count_conflicts(self, res: Any) -> None:
-        """Re-sent span ids with other content: a buggy client or tampering; the stored span is kept."""
-        n = int(getattr(res, "conflicts", 0) or 0)
-        if n:
-            self.metrics.inc("agenttape_spans_conflicting_total", n)
-            log.warning("%d re-sent span(s) differ from the stored span with the same id (e.g. %s): "
-                        "kept the stored one", n, getattr(res, "conflict_example", None))
 
     @property
     def store_error(self) -> str | None:
@@ -336,55 +233,16 @@ class IngestPipeline:
                 return self._last_store_error or "store writes are failing"
         return None
 
-    def _tables(self, batch: list[_Item]) -> list[rows.Tables]:
-        """The rows of a batch in queue order; items queued without rows are converted now."""
-        return batch_tables(batch, self.pool, self.pool_threshold, self.chunk_items)
-
-    def _to_sink(self, res: Any) -> None:
-        tables = getattr(res, "tables", None)
-        if tables and self.on_stored is not None:
-            try:
-                self.on_stored(tables)
-            except Exception as exc:  # noqa: BLE001 - metrics must never fail a write
-                self.metrics.inc("agenttape_metrics_errors_total")
-                log.error("deriving metrics from stored spans failed: %s", exc)
-        if self.sink is None or not tables:
-            return
-        try:
-            self.sink.append(res.tables)
-        except Exception as exc:  # noqa: BLE001 - the lake is a copy; DuckDB already holds the rows
-            self.metrics.inc("agenttape_parquet_errors_total")
-            log.error("parquet sink failed: %s", exc)
-
-    def _roll_sink(self) -> None:
-        if self.sink is not None:
-            try:
-                self.sink.maybe_roll()
-            except Exception as exc:  # noqa: BLE001 - see _to_sink
-                self.metrics.inc("agenttape_parquet_errors_total")
-                log.error("parquet sink failed: %s", exc)
-
     def _wait_for_work(self) -> bool:
         """With the lock held: wait until something is queued; False once stopped and drained."""
         while not self._queue and not self._stopped:
             if not self._cond.wait(1.0):
                 self._lock.release()
                 try:
-                    self._roll_sink()
-                    self._store_idle()
+                    self.writer.idle()
                 finally:
                     self._lock.acquire()
         return bool(self._queue)
-
-    def _store_idle(self) -> None:
-        """Nothing stored for a second: tell the store (it gives queries back the threads it keeps
-        to one while writing, see ``Store.writes_paused``)."""
-        paused = getattr(self.store, "writes_paused", None)
-        if paused is not None:
-            try:
-                paused()
-            except Exception as exc:  # noqa: BLE001 - queries merely stay on fewer threads
-                log.warning("store idle hook failed: %s", exc)
 
     def _retrying(self, write: Any) -> bool:
         """Run ``write()`` until it succeeds; False if stopping while the store keeps failing."""
@@ -405,7 +263,7 @@ class IngestPipeline:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _applied(self, batch: list[_Item]) -> None:
+    def _applied(self, batch: list[Queued]) -> None:
         nbytes = sum(it.size for it in batch)
         self.metrics.record_store_batch(nbytes)
         self.wal.mark_applied([it.seq for it in batch])
@@ -426,17 +284,13 @@ class IngestPipeline:
                     break
                 batch = self._take_batch()
                 self._writing_since = min(it.at for it in batch) if batch else None
-            if not self._retrying(lambda batch=batch: self._write_batch(batch)):
+            if not self._retrying(lambda batch=batch: self.writer.write(batch)):
                 return
             self._applied(batch)
             # free the rows (unmapping their spool files takes about a microsecond per span) here,
             # not when the next batch is taken under the lock that admitting requests needs
             del batch
-        if self.sink is not None:
-            try:
-                self.sink.close()
-            except Exception as exc:  # noqa: BLE001 - see _to_sink
-                log.error("parquet sink failed at close: %s", exc)
+        self.writer.close()
 
     # -- state --------------------------------------------------------------------------------
 
