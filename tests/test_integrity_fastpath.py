@@ -2,7 +2,7 @@
 
 Sealing renders the leaf of a live span with orjson sorting the keys (``leaf_fast.fast_leaf_sdk``);
 verification serializes leaves straight from the stored typed JSON and keeps them only when they
-reproduce the stored chain hash (``verification._batch_entries``). Both must agree with the general
+reproduce the stored chain hash (``sealed_entries.batch_entries``). Both must agree with the general
 projection (itself differential-tested against ``rfc8785``) on every span, and the verifier must
 report the same entries, problems and reasons as the row-by-row path on untouched and edited rows.
 """
@@ -36,14 +36,9 @@ from otel_agenttape.integrity.leaf import leaf_bytes, project_sdk
 from otel_agenttape.integrity.leaf_fast import fast_leaf_sdk, leaf_from_sdk
 from otel_agenttape.store.reader import open_reader
 from otel_agenttape.store.writer import Store
-from otel_agenttape.tape import verification
-from otel_agenttape.tape.verification import (
-    _compact,
-    _query,
-    load_rows,
-    row_entry,
-    verify_store,
-)
+from otel_agenttape.tape import sealed_entries
+from otel_agenttape.tape.sealed_rows import load_rows, query_rows, row_entry, to_compact
+from otel_agenttape.tape.verification import verify_store
 
 KEYS = ["a", "Z", "gen_ai.request.model", "\u00e9", "\u05d3", "\ue000", "\uffee", "\uffff", "\U0001f600",
         "\U00010000", "\ud800", "agenttape.chain.x", "k\n", "\u2028", "\x00"]
@@ -204,9 +199,9 @@ def _record(run_id: str, n: int = 10):
 def _entries_both_ways(db: str):
     reader = open_reader(db)
     try:
-        spans, ev_by, lk_by = _query(reader, "chain_id IS NOT NULL", [])
-        fast = [t for rb in spans.to_batches(max_chunksize=5) for t in verification._batch_entries(rb, ev_by, lk_by)]
-        general = [_compact(*row_entry(row)) for row in load_rows(reader)]
+        spans, ev_by, lk_by = query_rows(reader, "chain_id IS NOT NULL", [])
+        fast = [t for rb in spans.to_batches(max_chunksize=5) for t in sealed_entries.batch_entries(rb, ev_by, lk_by)]
+        general = [to_compact(*row_entry(row)) for row in load_rows(reader)]
         reports = verify_store(reader)
     finally:
         reader.close()
@@ -228,13 +223,13 @@ def test_untouched_rows_take_the_fast_path_and_match_the_general_path(db, monkey
     assert all(t[9] is None for t in fast) and len(fast) == 11
     assert reports[0].valid
     calls = []
-    real = verification.row_entry
-    monkeypatch.setattr(verification, "row_entry", lambda row: calls.append(row) or real(row))
+    real = sealed_entries.row_entry
+    monkeypatch.setattr(sealed_entries, "row_entry", lambda row: calls.append(row) or real(row))
     reader = open_reader(db)
     try:
-        spans, ev_by, lk_by = _query(reader, "chain_id IS NOT NULL", [])
+        spans, ev_by, lk_by = query_rows(reader, "chain_id IS NOT NULL", [])
         for rb in spans.to_batches():
-            verification._batch_entries(rb, ev_by, lk_by)
+            sealed_entries.batch_entries(rb, ev_by, lk_by)
     finally:
         reader.close()
     assert len(calls) == 1  # only the span whose astral key sorts differently in UTF-16

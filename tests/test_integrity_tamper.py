@@ -233,7 +233,7 @@ def test_edited_parquet_file(tmp_path, key) -> None:
 
 
 def test_parallel_verification_matches(tmp_path, key, monkeypatch) -> None:
-    from otel_agenttape.tape import verification
+    from otel_agenttape.tape import sealed_entries
 
     db, cp = build_db(tmp_path, key)
     con = duckdb.connect(db)
@@ -242,7 +242,7 @@ def test_parallel_verification_matches(tmp_path, key, monkeypatch) -> None:
     a["blob"] = {"b": "AA=="}
     con.execute("UPDATE spans SET attributes = ? WHERE span_id = ?", [orjson.dumps(a).decode(), sid])
     con.close()
-    monkeypatch.setattr(verification, "PARALLEL_MIN_ROWS", 1)
+    monkeypatch.setattr(sealed_entries, "PARALLEL_MIN_ROWS", 1)
     reader = open_reader(db)
     (r,) = verify_store(reader, verifiers=[key.verifier()], checkpoint_files=[cp], workers=2)
     reader.close()
@@ -281,7 +281,7 @@ def test_a_run_id_sealed_by_two_processes_without_a_checkpoint_file(tmp_path, ke
     """Reusing a run id to resume, with no shared checkpoint file: two chains of the same tape id and
     epoch, one per trace. Each verifies on its own; tampering in one is reported there only."""
     from otel_agenttape.integrity.proof import verify_proof
-    from otel_agenttape.tape.verification import prove_span
+    from otel_agenttape.tape.proofs import prove_span
 
     db = str(tmp_path / "tape.duckdb")
     store = Store(db)

@@ -1,5 +1,5 @@
 """``agenttape prove SPAN_ID --out FILE``: a self-contained proof that one span is in its signed tape
-(``tape.verification.prove_span``)."""
+(``tape.proofs.prove_span``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from otel_agenttape.commands.sources import open_args
 
 def run(args: argparse.Namespace) -> int:
     """Write the proof (leaf, inclusion proof, signed checkpoint) of one span; exit 1 when it cannot be proven."""
-    from otel_agenttape.tape.verification import ProveError, prove_span
+    from otel_agenttape.tape.proofs import ProveError, prove_span
 
     keys = verifiers(args.key)
     tapes = open_args(args)
