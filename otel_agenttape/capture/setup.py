@@ -360,6 +360,8 @@ def setup(
     return tape
 
 
+# setup() and instrument() repeat their keyword lists on purpose: each is a public signature (docs/api.md)
+# that editors and help() show in full; both hand everything to _wire, which holds the logic.
 def instrument(
     provider: TracerProvider | None = None,
     *,

@@ -113,6 +113,8 @@ class AsyncResumableStream:
         return self._run()
 
     async def _run(self) -> AsyncIterator[Any]:
+        # The twin of ResumableStream._run: a generator is either sync or async, so the replay and
+        # record steps are written twice; what they share is in _keep and _finish_live.
         owner, call = self._owner, self._call
         try:
             if call.hit:

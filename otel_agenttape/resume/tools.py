@@ -131,6 +131,9 @@ class ResumableToolExecutor:
             self.index.end(c)
 
     async def aexecute(self, name: str, arguments: Any = None, *, call_id: str | None = None) -> Any:
+        """``execute`` for a tool that may be a coroutine function."""
+        # The twin of execute, step for step, with the tool's result awaited: one body cannot serve both
+        # (execute must run without an event loop), and the shared steps are the _prepare/_replay/_record_*.
         c = self.index.begin(TOOL, tool_request(name, arguments), name=name, call_id=call_id)
         try:
             if c.hit:
