@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from otel_agenttape.codec import typed as anyvalue
@@ -47,3 +48,12 @@ def test_the_first_module_name_still_works():
     from otel_agenttape import anyvalue as old
 
     assert old.from_python is anyvalue.from_python and old.attrs_to_python is anyvalue.attrs_to_python
+
+
+@pytest.mark.parametrize("value", ["x", 7, -(2**63), 1.5, -0.0, math.inf, True, b"\x00\xff", [1, "a", [2.5]], {"k": {"n": 1}}])
+def test_otlp_json_reads_back_as_the_same_typed_value(value):
+    from google.protobuf import json_format
+
+    typed = anyvalue.from_python(value)
+    msg = json_format.ParseDict(anyvalue.to_otlp_json(typed), AnyValue())
+    assert anyvalue.from_proto(msg) == typed

@@ -173,6 +173,32 @@ def to_proto(typed: Typed, target: Any) -> None:
             to_proto(item, kv.value)
 
 
+def to_otlp_json(typed: Typed) -> dict[str, Any]:
+    """The OTLP JSON ``AnyValue`` of a typed value (ints as decimal strings, bytes as base64, as OTLP
+    JSON writes them; NaN and the infinities as their names)."""
+    if "s" in typed:
+        return {"stringValue": typed["s"]}
+    if "i" in typed:
+        return {"intValue": str(typed["i"])}
+    if "d" in typed:
+        d = typed["d"]
+        return {"doubleValue": d if d in ("NaN", "Infinity", "-Infinity") else decode_double(d)}
+    if "bool" in typed:
+        return {"boolValue": bool(typed["bool"])}
+    if "b" in typed:
+        return {"bytesValue": typed["b"]}
+    if "a" in typed:
+        return {"arrayValue": {"values": [to_otlp_json(v) for v in typed["a"]]}}
+    if "kv" in typed:
+        return {"kvlistValue": {"values": attrs_to_otlp_json(typed["kv"])}}
+    return {}
+
+
+def attrs_to_otlp_json(attrs: Mapping[str, Typed]) -> list[dict[str, Any]]:
+    """An attribute set as OTLP JSON ``KeyValue`` objects."""
+    return [{"key": k, "value": to_otlp_json(v)} for k, v in attrs.items()]
+
+
 def to_python(typed: Typed | None) -> Any:
     """Decode to a plain Python value (int, float, str, bool, bytes, list, dict, None)."""
     if not typed:

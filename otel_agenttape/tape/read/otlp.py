@@ -8,35 +8,12 @@ from typing import Any
 
 import orjson
 
-from ...codec.typed import decode_double
+from ...codec.typed import attrs_to_otlp_json
 from ..load import Reader, _rows
 
 
-def _value(typed: dict[str, Any]) -> dict[str, Any]:
-    if "s" in typed:
-        return {"stringValue": typed["s"]}
-    if "i" in typed:
-        return {"intValue": str(typed["i"])}
-    if "d" in typed:
-        d = typed["d"]
-        return {"doubleValue": d if d in ("NaN", "Infinity", "-Infinity") else decode_double(d)}
-    if "bool" in typed:
-        return {"boolValue": bool(typed["bool"])}
-    if "b" in typed:
-        return {"bytesValue": typed["b"]}
-    if "a" in typed:
-        return {"arrayValue": {"values": [_value(v) for v in typed["a"]]}}
-    if "kv" in typed:
-        return {"kvlistValue": {"values": _kvs(typed["kv"])}}
-    return {}
-
-
-def _kvs(attrs: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": k, "value": _value(v)} for k, v in attrs.items()]
-
-
 def _attrs(text: Any) -> list[dict[str, Any]]:
-    return _kvs(orjson.loads(text) if text else {})
+    return attrs_to_otlp_json(orjson.loads(text) if text else {})
 
 
 def _where(keys: Sequence[tuple[str, str]]) -> tuple[str, list[str]]:
