@@ -240,43 +240,48 @@ def loads(text: str | bytes | None) -> dict[str, Typed]:
     return orjson.loads(text)
 
 
-def as_text(typed: Typed | None) -> str | None:
-    """Best-effort string view of a value, for promoted columns and display.
-
-    Strings come back as is; anything structured comes back as JSON text.
-    """
-    if not typed:
+def as_text(t: Typed | None) -> str | None:
+    """The text view of a value, as a promoted text column of the store holds it: strings as is, ints and
+    doubles in their typed text, bools as ``true``/``false``, anything else as its typed JSON."""
+    if not t:
         return None
-    if "s" in typed:
-        return typed["s"]
-    value = to_python(typed)
-    if isinstance(value, (dict, list)):
-        return orjson.dumps(value, default=_json_default).decode("utf-8")
-    if isinstance(value, bytes):
-        return typed["b"]
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    s = t.get("s")
+    if s is not None:
+        return s
+    if "i" in t:
+        return t["i"]
+    if "d" in t:
+        return t["d"]
+    if "bool" in t:
+        return "true" if t["bool"] else "false"
+    return orjson.dumps(t, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def as_int(typed: Typed | None) -> int | None:
-    """Integer view for promoted numeric columns: ints as is, integral doubles and digit strings."""
-    if not typed:
+def as_int(t: Typed | None) -> int | None:
+    """The int view of a value, as a promoted int column (BIGINT) of the store holds it: ints, integral
+    doubles and digit strings; None when the value holds no int64."""
+    if not t:
         return None
-    if "i" in typed:
-        return int(typed["i"])
-    if "d" in typed:
-        v = decode_double(typed["d"])
-        return int(v) if math.isfinite(v) and v == int(v) else None
-    if "s" in typed and typed["s"].lstrip("-").isdigit():
-        return int(typed["s"])
-    return None
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, bytes):
-        return base64.b64encode(obj).decode("ascii")
-    if isinstance(obj, float):
-        return encode_double(obj)
-    raise TypeError(type(obj).__name__)
+    i = t.get("i")
+    if i is not None:
+        return int(i)
+    if "d" in t:
+        try:
+            v = float(t["d"])
+        except ValueError:
+            return None
+        if not (math.isfinite(v) and v == int(v)):
+            return None
+        n = int(v)
+    else:
+        s = t.get("s")
+        if s is None or not s.lstrip("-").isdigit():
+            return None
+        try:
+            n = int(s)
+        except ValueError:
+            return None
+    return n if INT64_MIN <= n <= INT64_MAX else None
 
 
 # --- making live values OTLP-safe -----------------------------------------------------------------

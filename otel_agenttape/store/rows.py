@@ -22,7 +22,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from otel_agenttape import native
 from otel_agenttape.codec import otlp_view
-from otel_agenttape.codec.typed import from_proto
+from otel_agenttape.codec.typed import as_text, from_proto
 from otel_agenttape.store import span_rules, wirecache
 from otel_agenttape.store.tables import (  # SCHEMAS, Tables, arrow_schema, concat: also taken from here
     NO_PROMOTED,
@@ -32,7 +32,6 @@ from otel_agenttape.store.tables import (  # SCHEMAS, Tables, arrow_schema, conc
     arrow_schema,
     concat,
     empty,
-    promoted_text,
     table,
 )
 from otel_agenttape.store.wirecache import (
@@ -83,7 +82,7 @@ class _Resources:
         if rid not in self.rows:
             self.rows[rid] = (rid, attrs_json, schema_url or None, resource.dropped_attributes_count)
         svc = typed.get("service.name")
-        return rid, (promoted_text(svc) if svc else None)
+        return rid, (as_text(svc) if svc else None)
 
     def add_wire(self, resource: Any, schema_url: str) -> tuple[str, str | None]:
         """``add`` for an ``otlp_view`` resource (attributes as raw ``KeyValue`` bytes); cached by content."""
@@ -105,7 +104,7 @@ class _Resources:
         attrs_json = orjson.dumps(typed, option=_SORT).decode()
         rid = resource_id(schema_url, attrs_json)
         svc = typed.get("service.name")
-        return (rid, attrs_json, schema_url or None, resource.dropped_attributes_count), (promoted_text(svc) if svc else None)
+        return (rid, attrs_json, schema_url or None, resource.dropped_attributes_count), (as_text(svc) if svc else None)
 
     def table(self) -> pa.Table:
         return table("resources", list(self.rows.values()))

@@ -2,23 +2,19 @@
 
 ``SCHEMAS`` follows the DuckDB column contract of ``schema.py``. ``PROMOTED`` lists the span
 attributes that also have a column of their own (in ``spans`` column order, after ``service_name``),
-with ``promoted_text`` / ``promoted_int`` giving a typed value's column value. ``table`` turns row
+with ``codec.typed.as_text`` / ``as_int`` giving a typed value's column value. ``table`` turns row
 tuples into a store table; ``concat`` joins the ``Tables`` of several conversions.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import pyarrow as pa
 
 from otel_agenttape import semconv as sc
 from otel_agenttape.store import schema
-
-_SORT = orjson.OPT_SORT_KEYS
 
 _DUCK_TO_ARROW = {
     "VARCHAR": pa.string(),
@@ -47,50 +43,6 @@ SCHEMAS: dict[str, pa.Schema] = {name: arrow_schema(name) for name in schema.TAB
 _PLAIN, _FLOAT, _DATE, _JSON = range(4)
 _KINDS = {t: _FLOAT if t == pa.float64() else _DATE if t == pa.date32() else
           _JSON if isinstance(t, pa.ExtensionType) else _PLAIN for t in _DUCK_TO_ARROW.values()}
-
-
-def promoted_text(t: dict[str, Any] | None) -> str | None:
-    if not t:
-        return None
-    s = t.get("s")
-    if s is not None:
-        return s
-    if "i" in t:
-        return t["i"]
-    if "d" in t:
-        return t["d"]
-    if "bool" in t:
-        return "true" if t["bool"] else "false"
-    return orjson.dumps(t, option=_SORT).decode()
-
-
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-
-
-def promoted_int(t: dict[str, Any] | None) -> int | None:
-    """The value of an int column (BIGINT): None when the attribute holds no int64."""
-    if not t:
-        return None
-    i = t.get("i")
-    if i is not None:
-        return int(i)
-    if "d" in t:
-        try:
-            v = float(t["d"])
-        except ValueError:
-            return None
-        if not (math.isfinite(v) and v == int(v)):
-            return None
-        n = int(v)
-    else:
-        s = t.get("s")
-        if s is None or not s.lstrip("-").isdigit():
-            return None
-        try:
-            n = int(s)
-        except ValueError:
-            return None
-    return n if _I64_MIN <= n <= _I64_MAX else None
 
 
 # promoted columns in spans column order (after service_name): (attribute, as int?)

@@ -18,8 +18,8 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
 from otel_agenttape import semconv as sc
 from otel_agenttape.codec import otlp_view
-from otel_agenttape.codec.typed import from_proto
-from otel_agenttape.store.tables import NO_PROMOTED, PROMOTED, PROVIDER_SLOT, SLOT, promoted_int, promoted_text
+from otel_agenttape.codec.typed import as_int, as_text, from_proto
+from otel_agenttape.store.tables import NO_PROMOTED, PROMOTED, PROVIDER_SLOT, SLOT
 
 _SORT = orjson.OPT_SORT_KEYS
 
@@ -112,7 +112,7 @@ def string_piece(key: str, s: str) -> tuple[str, str, Any]:
     piece = f"{prefix}{orjson.dumps(s).decode()}}}"
     slot = SLOT.get(key)
     if slot is not None:
-        value = promoted_int({"s": s}) if slot[1] else s
+        value = as_int({"s": s}) if slot[1] else s
     else:
         value = s if key == sc.GEN_AI_SYSTEM else None
     return key, piece, value
@@ -137,9 +137,9 @@ def kv_entry(raw: bytes) -> tuple[str, str, Any]:
         piece = orjson.dumps({key: typed}, option=_SORT)[1:-1].decode()
         slot = SLOT.get(key)
         if slot is not None:
-            value = promoted_int(typed) if slot[1] else promoted_text(typed)
+            value = as_int(typed) if slot[1] else as_text(typed)
         elif key == sc.GEN_AI_SYSTEM:
-            value = promoted_text(typed)
+            value = as_text(typed)
         else:
             value = None
         entry = (key, piece, value)
