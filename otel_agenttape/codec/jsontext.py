@@ -77,10 +77,7 @@ def parse_structured_json(value: Any) -> Any:
     if isinstance(value, str):
         text = value.strip()
         if text[:1] in ("{", "["):
-            try:
-                return orjson.loads(text)
-            except orjson.JSONDecodeError:
-                return value
+            return _loads_or(text, value)
     return value
 
 
@@ -98,11 +95,16 @@ def parse_any_json(value: Any) -> Any:
     if isinstance(value, str):
         text = value.strip()
         if text and (text[0] in _JSON_START or text in ("true", "false", "null") or _is_number(text)):
-            try:
-                return orjson.loads(text)
-            except orjson.JSONDecodeError:
-                return value
+            return _loads_or(text, value)
     return value
+
+
+def _loads_or(text: str, value: Any) -> Any:
+    """``text`` parsed, or ``value`` unchanged when it is not JSON."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return value
 
 
 def _is_number(text: str) -> bool:

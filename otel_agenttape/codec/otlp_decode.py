@@ -172,25 +172,28 @@ _SPAN_IDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent
 _TRACE_AND_SPAN_IDS = ("traceId", "spanId", "trace_id", "span_id")
 
 
-def _span_id_problem(span: dict[str, Any], where: str) -> str | None:
-    for key in _SPAN_IDS:
-        why = _id_problem(span, key)
+def _first_id_problem(obj: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    """Convert the ids under ``keys`` in order; the first one that is not an id says why."""
+    for key in keys:
+        why = _id_problem(obj, key)
         if why is not None:
             return why
+    return None
+
+
+def _span_id_problem(span: dict[str, Any], where: str) -> str | None:
+    why = _first_id_problem(span, _SPAN_IDS)
+    if why is not None:
+        return why
     for link in _items(span, "links", where):
-        for key in _TRACE_AND_SPAN_IDS:
-            why = _id_problem(link, key)
-            if why is not None:
-                return f"link {why}"
+        why = _first_id_problem(link, _TRACE_AND_SPAN_IDS)
+        if why is not None:
+            return f"link {why}"
     return None
 
 
 def _log_id_problem(rec: dict[str, Any], where: str) -> str | None:
-    for key in _TRACE_AND_SPAN_IDS:
-        why = _id_problem(rec, key)
-        if why is not None:
-            return why
-    return None
+    return _first_id_problem(rec, _TRACE_AND_SPAN_IDS)
 
 
 def _fix_ids(items: list[Any], where: str, problem: Any, problems: dict[str, int] | None) -> None:
