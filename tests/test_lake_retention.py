@@ -25,13 +25,14 @@ OLD_NODES = 5
 NEW_NODES = 4
 
 
-def _sealed_spans(run_id: str) -> list[Any]:
-    """A tape whose first nodes ran 40 days ago and whose later nodes (and run span) run now."""
+def _sealed_spans(run_id: str, days_ago: int = 0) -> list[Any]:
+    """A tape whose first nodes ran 40 days ago and whose later nodes (and run span) run now (or all of it
+    ``days_ago`` earlier)."""
     from opentelemetry import trace
 
     provider, sealer, exporter = sealed_provider()
     tracer = provider.get_tracer("otel_agenttape")
-    now = time.time_ns()
+    now = time.time_ns() - days_ago * DAY
     run = tracer.start_span(f"invoke_agent {run_id}", attributes={semconv.RUN_ID: run_id}, start_time=now)
     ctx = trace.set_span_in_context(run)
     for i in range(OLD_NODES + NEW_NODES):
@@ -118,3 +119,29 @@ def test_the_same_files_deleted_by_hand_are_tampering(tmp_path: Any, lake_uri: s
     assert code == 1 and not doc["valid"]
     assert doc["chains"][0]["issues"][0]["kind"] == "gap"
     assert {p["file"].rsplit("/", 3)[-3] for p in doc["lake_files"]["problems"]} == {"spans"}
+
+
+def test_a_run_removed_by_retention_is_no_longer_listed(tmp_path: Any, capsys: Any) -> None:
+    uri = str(tmp_path / "lake")
+    store = Store(str(tmp_path / "r.duckdb"))
+    try:
+        store.write_traces([encode(_sealed_spans("kept-run")), encode(_sealed_spans("old-run", days_ago=60))])
+        LakePublisher(store, uri, "r1").publish_all()
+    finally:
+        store.close()
+
+    def listed() -> list[str]:
+        assert cli_main(["runs", "--lake", uri, "--json"]) == 0
+        return sorted(r["run_id"] for r in json.loads(capsys.readouterr().out))
+
+    assert listed() == ["kept-run", "old-run"]
+    assert cli_main(["lake", "retain", uri, "--older-than", "30d", "--grace", "0", "--json"]) == 0
+    capsys.readouterr()
+    assert listed() == ["kept-run"]
+    import otel_agenttape
+
+    with otel_agenttape.open(uri) as tapes:
+        page = tapes.runs()
+        assert [r.run_id for r in page.runs] == ["kept-run"] and page.total == 1
+    assert cli_main(["show", "old-run", "--lake", uri]) != 0
+    assert "old-run" in capsys.readouterr().err

@@ -26,6 +26,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from otel_agenttape.store import rows, schema
+from otel_agenttape.store.runs_view import OURS_ROLE
 
 PARTITIONED = ("spans", "span_events", "span_links", "log_records")
 SORT_KEYS: dict[str, list[str]] = {
@@ -155,9 +156,16 @@ def export_parquet(reader: Any, root: str, overwrite: bool = False) -> dict[str,
 RUN_TRACES = "run_traces"
 SPAN_FILES_KEY = b"agenttape.span_files"
 # The lake's run index: where each run is, without scanning spans.run_id / spans.parent_run_id.
-RUN_TRACES_SQL = """SELECT run_id, trace_id, parent_run_id,
+# ``run_start_unix_nano``: the start of the run's own run span(s), the time the runs view lists the run
+# at; ``run_key_hi``/``run_key_lo``: the MD5 digest of ``run_id@trace_id`` as two numbers (its first and
+# last 8 bytes read little-endian), so that runs are grouped and counted without reading their ids. A page of runs is cut from this index alone
+# (``tape/read/index_keys``).
+RUN_TRACES_SQL = f"""SELECT run_id, trace_id, parent_run_id,
        min(start_time_unix_nano) AS start_time_unix_nano, max(start_time_unix_nano) AS last_start_unix_nano,
-       max(end_time_unix_nano) AS end_time_unix_nano, count(*)::BIGINT AS spans
+       max(end_time_unix_nano) AS end_time_unix_nano, count(*)::BIGINT AS spans,
+       min(start_time_unix_nano) FILTER (WHERE ({OURS_ROLE}) = 'run') AS run_start_unix_nano,
+       md5_number_upper(run_id || '@' || trace_id) AS run_key_hi,
+       md5_number_lower(run_id || '@' || trace_id) AS run_key_lo
 FROM spans WHERE run_id IS NOT NULL OR parent_run_id IS NOT NULL
 GROUP BY run_id, trace_id, parent_run_id ORDER BY run_id, trace_id, parent_run_id"""
 
@@ -193,7 +201,8 @@ def export_run_traces(root: str) -> int:
 _RUN_TRACES_FIELDS = [
     ("run_id", pa.string()), ("trace_id", pa.string()), ("parent_run_id", pa.string()),
     ("start_time_unix_nano", pa.int64()), ("last_start_unix_nano", pa.int64()), ("end_time_unix_nano", pa.int64()),
-    ("spans", pa.int64()),
+    ("spans", pa.int64()), ("run_start_unix_nano", pa.int64()), ("run_key_hi", pa.uint64()),
+    ("run_key_lo", pa.uint64()),
 ]
 
 

@@ -395,7 +395,11 @@ OURS_KEY_COLUMNS = {
 _UNBOUNDED = ("span_lo", "span_hi")
 _SPAN_COLUMNS = ("run_id, trace_id, start_time_unix_nano, node_type, operation_name, agent_name, run_status, "
                  "status_code, session_id, service_name, status_message")
-FOREIGN_SPANS = "(SELECT * FROM spans WHERE trace_id IN (SELECT trace_id FROM spans WHERE run_id IS NULL))"
+# A span without a run id that is not another instrumentation's: the tape checkpoints capture exports
+# (never a run, a model call or a tool call), so a sealed store is not read as holding foreign runs.
+NOT_CHECKPOINT = f"NOT (name = '{sc.EVENT_CHECKPOINT}' AND scope_name IS NOT DISTINCT FROM '{sc.SCOPE_INTEGRITY}')"
+FOREIGN_SPANS = ("(SELECT * FROM spans WHERE trace_id IN "
+                 f"(SELECT trace_id FROM spans WHERE run_id IS NULL AND {NOT_CHECKPOINT}))")
 
 
 def run_keys_select(columns: list[str], foreign: bool = True, narrow: str = "", runs: str = "") -> str:
@@ -428,7 +432,7 @@ FROM ({runs_select(FOREIGN_SPANS, ours=False)})"""
     return f"({keys})"
 
 
-HAS_FOREIGN = "SELECT EXISTS (SELECT 1 FROM spans WHERE run_id IS NULL) AS f"
+HAS_FOREIGN = f"SELECT EXISTS (SELECT 1 FROM spans WHERE run_id IS NULL AND {NOT_CHECKPOINT}) AS f"
 
 
 def ours_has(column: str, role: str, c: str = "c") -> str:

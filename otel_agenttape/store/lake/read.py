@@ -46,6 +46,8 @@ def scan_sql(con: duckdb.DuckDBPyConnection, lake: LakeFS, table: str, keys: Seq
     hive = table in pqlake.PARTITIONED
     if lake.local:
         paths = "[" + ", ".join(_q(lake.path(k)) for k in keys) + "]"
+        if table == RUN_TRACES:
+            cols = _index_columns(lake.path(keys[-1]))
         opts = ", hive_partitioning = true, hive_types = {'date': DATE}" if hive else ", hive_partitioning = false"
         return f"SELECT {cols} FROM read_parquet({paths}{opts}, union_by_name = true)"
     part = ds.partitioning(pa.schema([("date", pa.date32())]), flavor="hive") if hive else None
@@ -59,6 +61,25 @@ def scan_sql(con: duckdb.DuckDBPyConnection, lake: LakeFS, table: str, keys: Seq
     return f"SELECT {cols} FROM {name}"
 
 
+def _index_columns(newest: str) -> str:
+    """The run index's columns, read from files that may predate its newest column (a lake published
+    by an earlier version): what the newest file lacks is NULL, and readers fall back to the spans."""
+    import pyarrow.parquet as pq
+
+    have = set(pq.read_schema(newest).names)
+    return ", ".join(n if n in have else f"CAST(NULL AS {_DUCK_TYPES[RUN_TRACES_SCHEMA.field(n).type]}) AS {n}"
+                     for n in RUN_TRACES_SCHEMA.names)
+
+
+_DUCK_TYPES = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.uint64(): "UBIGINT"}
+
+
+def _empty_index() -> str:
+    """An empty run index with the index's columns (no source has one)."""
+    cols = ", ".join(f"NULL::{_DUCK_TYPES[f.type]} AS {f.name}" for f in RUN_TRACES_SCHEMA)
+    return f"CREATE TABLE {RUN_TRACES} AS SELECT * FROM (SELECT {cols}) WHERE false"
+
+
 def _lake_sources(con: duckdb.DuckDBPyConnection, cat: mf.Catalog, n: int, missing: set[str],
                   registry: dict[str, Any] | None = None) -> dict[str, str]:
     """One SQL source per table with live files in this lake (files missing from the lake are left out:
@@ -68,7 +89,22 @@ def _lake_sources(con: duckdb.DuckDBPyConnection, cat: mf.Catalog, n: int, missi
         files = [f for f in cat.table_files(table) if f["key"] not in missing]
         if files:
             out[table] = scan_sql(con, cat.lake, table, [f["key"] for f in files], f"_lake{n}_{table}", registry)
+    floor = retained_before_ns(cat)
+    if floor is not None and RUN_TRACES in out:  # the index is not dated: retention leaves its rows
+        out[RUN_TRACES] = f"SELECT * FROM ({out[RUN_TRACES]}) WHERE last_start_unix_nano >= {floor}"
     return out
+
+
+def retained_before_ns(cat: mf.Catalog) -> int | None:
+    """The first instant retention kept (UTC midnight of the latest ``before`` date), or None: every span
+    that started earlier was in a dated partition that retention removed."""
+    import datetime as dt
+
+    days = [r["before"] for r in cat.retention if r.get("before")]
+    if not days:
+        return None
+    day = dt.date.fromisoformat(max(days))
+    return int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc).timestamp()) * 1_000_000_000
 
 
 def _duckdb_sources(con: duckdb.DuckDBPyConnection, path: str, n: int) -> dict[str, str]:
@@ -182,10 +218,7 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
         for t, sqls in parts.items():
             if not sqls:
                 if t == RUN_TRACES:
-                    con.execute(f"CREATE TABLE {t} AS SELECT * FROM (SELECT NULL::VARCHAR AS run_id, NULL::VARCHAR AS "
-                                "trace_id, NULL::VARCHAR AS parent_run_id, NULL::BIGINT AS start_time_unix_nano, "
-                                "NULL::BIGINT AS last_start_unix_nano, NULL::BIGINT AS end_time_unix_nano, "
-                                "NULL::BIGINT AS spans) WHERE false")
+                    con.execute(_empty_index())
                 else:
                     con.execute(schema.table_ddl(t))
                 continue

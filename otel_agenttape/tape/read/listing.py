@@ -17,6 +17,7 @@ from typing import Any
 
 from ...store.runs_view import (
     HAS_FOREIGN,
+    NOT_CHECKPOINT,
     ours_has,
     ours_parent_refs,
     ours_runs_select,
@@ -25,6 +26,7 @@ from ...store.runs_view import (
 )
 from ..dataset import parse_since
 from ..load import Reader, _rows
+from . import index_keys
 from .summary import Page, RunSummary, decode_cursor, encode_cursor
 
 RUN_COLUMNS = (
@@ -149,7 +151,8 @@ def _newest_first(row: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def has_foreign(reader: Reader) -> bool:
-    """Whether the store holds a span without a run id (another instrumentation's, or a bare trace's)."""
+    """Whether the store holds a span without a run id (another instrumentation's, or a bare trace's;
+    not a tape checkpoint)."""
     return bool(_rows(reader, HAS_FOREIGN, [])[0]["f"])
 
 
@@ -165,7 +168,8 @@ def traces_rows(reader: Reader, trace_ids: Sequence[str], columns: str, where: s
     window = _window(ids, windows)
     marks = ", ".join("?" for _ in ids)
     foreign = [r["trace_id"] for r in _rows(
-        reader, f"SELECT DISTINCT trace_id FROM spans WHERE {window}trace_id IN ({marks}) AND run_id IS NULL", ids)]
+        reader, f"SELECT DISTINCT trace_id FROM spans WHERE {window}trace_id IN ({marks}) AND run_id IS NULL "
+        f"AND {NOT_CHECKPOINT}", ids)]
     runs, run_params = in_traces(ids, theirs=False, window=window)
     rows = _rows(reader, f"SELECT {columns} FROM {runs} r WHERE {where}", [*run_params, *params])
     if foreign:
@@ -249,6 +253,7 @@ class _Kept:
         self.summaries: dict[str, dict[str, Any]] = {}
         self.filtered: dict[tuple[Any, ...], Any] = {}  # the matching keys of a filter, this version only
         self.linked: set[str] = set()  # refs whose parent may come from a link to spans not there yet
+        self.paged = False  # a page was answered at this version (the next one reads every run's keys)
 
 
 _KEPT: weakref.WeakKeyDictionary[Any, _Kept] = weakref.WeakKeyDictionary()
@@ -290,7 +295,9 @@ def _all_keys(reader: Reader, kept: _Kept) -> Any:
         if kept.keys is None:
             rows_seen = 0 if getattr(reader, "fixed_version", None) is not None else int(
                 _rows(reader, "SELECT coalesce(max(rowid) + 1, 0) AS n FROM spans", [])[0]["n"])
-            keys = _sorted(reader.query(f"{_KEY_SELECT} FROM {run_keys_select(_KEY_COLUMNS, kept.foreign)} c", []))
+            keys = None if kept.foreign else index_keys.all_keys(reader)
+            keys = _sorted(keys if keys is not None else reader.query(
+                f"{_KEY_SELECT} FROM {run_keys_select(_KEY_COLUMNS, kept.foreign)} c", []))
             if store_version(reader) != kept.version:
                 return keys  # written to meanwhile: right for this page, not kept under the older version
             kept.keys, kept.rows_seen = keys, rows_seen
@@ -402,7 +409,11 @@ def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None =
         raise ValueError(f"limit: between 1 and {MAX_LIMIT}")
     kept = _kept(reader) if filters.parent is None else None
     if kept is not None:
-        keys, total = _kept_page(reader, kept, filters, limit, decode_cursor(cursor) if cursor else None)
+        first = None
+        if not kept.paged and kept.keys is None and not kept.foreign and not cursor and filters == Filters():
+            first = index_keys.first_page(reader, limit)  # one page asked of a fresh reader: no full order
+        kept.paged = True
+        keys, total = first or _kept_page(reader, kept, filters, limit, decode_cursor(cursor) if cursor else None)
         rows = _kept_summaries(reader, kept, keys[:limit])
         runs = [RunSummary.from_row(r) for r in rows]
         more = len(keys) > limit

@@ -1,0 +1,90 @@
+"""Runs keys from a lake's run index instead of its spans.
+
+A lake's ``run_traces`` (``store.parquet.RUN_TRACES_SQL``) holds a row per run, trace and published
+batch: about a tenth of the spans' rows, and only the columns a page of runs is ordered by. Keys read
+from it follow the rules of ``store.runs_view.OURS_KEY_COLUMNS``: a run starts when its run span does
+(else its first span), and its spans start in ``[span_lo, span_hi]``.
+
+``first_page`` answers the first page of a reader that has not read every run's keys yet (each
+``agenttape runs --lake`` is such a reader) in one pass over fixed-width columns: runs are grouped and
+counted by the MD5 of ``run_id@trace_id`` (``run_key_hi``, ``run_key_lo``), and only the page's runs
+have their ids read. ``all_keys`` reads every run's keys, for a reader that pages on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...store.reader import QueryError
+from ..load import Reader, _rows, lake_run_traces
+
+_KEYS = (
+    "SELECT run_id || '@' || trace_id AS ref, run_id, trace_id, true AS ours, "
+    "coalesce(min(run_start_unix_nano), min(start_time_unix_nano)) AS start_time_unix_nano, "
+    "min(start_time_unix_nano) AS span_lo, max(last_start_unix_nano) AS span_hi "
+    "FROM {src} WHERE run_id IS NOT NULL GROUP BY run_id, trace_id")
+_BY_KEY = (
+    "SELECT run_key_hi, run_key_lo, "
+    "coalesce(min(run_start_unix_nano), min(start_time_unix_nano)) AS start_time_unix_nano, "
+    "min(start_time_unix_nano) AS span_lo, max(last_start_unix_nano) AS span_hi "
+    "FROM {index} WHERE run_id IS NOT NULL GROUP BY run_key_hi, run_key_lo")
+_NEWEST_FIRST = "start_time_unix_nano DESC, ref DESC"
+
+
+def _index(reader: Reader) -> str | None:
+    """The reader's run index, if it has one that holds each run's start and key."""
+    index = lake_run_traces(reader)
+    if index is None:
+        return None
+    try:
+        found = _rows(reader, f"SELECT count(*) FILTER (WHERE run_key_hi IS NULL) AS old FROM {index} "
+                              "WHERE run_id IS NOT NULL", [])
+    except QueryError:  # an index exported before it held these columns: the spans are read
+        return None
+    return index if not found[0]["old"] else None  # some rows were published before they were kept
+
+
+def all_keys(reader: Reader) -> Any | None:
+    """Every agenttape run's keys (an Arrow table, unordered), or None without a usable index."""
+    index = _index(reader)
+    if index is None:
+        return None
+    return reader.query(_KEYS.format(src=index), [])
+
+
+def first_page(reader: Reader, limit: int) -> tuple[list[dict[str, Any]], int] | None:
+    """The ``limit + 1`` newest runs' keys and the count of all runs, or None without a usable index.
+
+    The runs that start no later than the ``limit + 1``-th newest (ties included) are read by key, then
+    their ids, and ordered by start and ref exactly as every other page is. Two runs with one key (an
+    MD5 collision) would show as one id per key too many: then the spans are read instead."""
+    index = _index(reader)
+    if index is None:
+        return None
+    want = limit + 1
+    top = _rows(reader, (
+        f"WITH g AS MATERIALIZED ({_BY_KEY.format(index=index)}) "
+        "SELECT *, (SELECT count(*) FROM g) AS total FROM g WHERE start_time_unix_nano >= "
+        "(SELECT min(start_time_unix_nano) FROM (SELECT start_time_unix_nano FROM g "
+        "ORDER BY start_time_unix_nano DESC LIMIT ?))"), [want])
+    if not top:
+        return [], 0
+    total = int(top[0]["total"])
+    his = sorted({int(r["run_key_hi"]) for r in top})
+    ids = _rows(reader, (
+        f"SELECT DISTINCT run_key_hi, run_key_lo, run_id, trace_id FROM {index} "
+        f"WHERE run_key_hi IN ({', '.join(str(h) for h in his)}) AND run_id IS NOT NULL"), [])
+    named: dict[tuple[int, int], tuple[str, str]] = {}
+    for r in ids:
+        key = (int(r["run_key_hi"]), int(r["run_key_lo"]))
+        if key in named and named[key] != (r["run_id"], r["trace_id"]):
+            return None
+        named[key] = (r["run_id"], r["trace_id"])
+    keys = []
+    for r in top:
+        run_id, trace_id = named[(int(r["run_key_hi"]), int(r["run_key_lo"]))]
+        keys.append({"ref": f"{run_id}@{trace_id}", "run_id": run_id, "trace_id": trace_id, "ours": True,
+                     "start_time_unix_nano": r["start_time_unix_nano"], "span_lo": r["span_lo"],
+                     "span_hi": r["span_hi"]})
+    keys.sort(key=lambda k: (k["start_time_unix_nano"], k["ref"]), reverse=True)
+    return keys[:want], total
