@@ -1,9 +1,10 @@
 """Bounded, batch-fed metric state: label caps, counters and histograms updated from whole columns.
 
 A batch of stored rows is aggregated with numpy: each label column becomes small integer codes, the
-codes of a metric's labels (and the bucket index of a histogram) are folded into one integer key per
-row, and ``np.unique`` + ``np.bincount`` give the count and sum of every label set in one pass, so
-the Python work per batch grows with the number of label sets in it, not with its rows.
+codes of a tuple of labels are folded into one label-set number per row once per batch (``Groups``,
+shared by every metric with those labels or fewer), and the set number (with the bucket index of a
+histogram) gives the count and sum of every label set in one ``np.bincount`` pass, so the Python work
+per batch grows with the number of label sets in it, not with its rows.
 
 Cardinality is bounded twice: each label keeps its first ``limit`` distinct values (``LabelCap``; later
 values become ``_other``), and each metric keeps at most ``series_cap`` label sets (later sets are
@@ -62,8 +63,8 @@ class LabelCap:
 
     def codes(self, column: pa.Array | pa.ChunkedArray) -> Codes:
         """The capped label of every row, as codes into a list of values (last value: "" for nulls)."""
-        if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks()
+        if isinstance(column, pa.ChunkedArray):  # its only chunk as it is (combine_chunks would copy it)
+            column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
         if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
             column = column.cast(pa.string())
         enc = column.dictionary_encode()
@@ -91,34 +92,67 @@ def _dense(key: np.ndarray, space: int) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(key, return_inverse=True)
 
 
-def _groups(cols: Sequence[Codes], extra: np.ndarray | None = None, extra_size: int = 1):
-    """(keys, inverse, decode): the distinct label sets (and ``extra``, a small int per row) of the
-    rows, each row's position among them, and a function decoding the keys to label tuples.
-    A key is ``label set * extra_size + extra``; the label sets are numbered densely first (so a
-    histogram's bucket index multiplies a few hundred label sets, not every label combination)."""
-    n = len(cols[0][0]) if cols else len(extra)
-    key = np.zeros(n, dtype=np.int64)
-    space = 1
-    for codes, values in cols:
-        key = key * len(values) + codes
-        space *= len(values)
-    sets, key = _dense(key, space)  # label-set numbers in [0, len(sets))
-    if extra is not None:
-        uniq, inv = _dense(key * extra_size + extra, len(sets) * extra_size)
-    else:
-        uniq, inv = np.arange(len(sets)), key
+_FOLD_SPACE = 1 << 40  # a folded key past this is renumbered densely before the next label joins it
 
-    def decode() -> list[tuple]:
-        rest = sets[uniq // extra_size] if extra is not None else sets
-        parts = []
-        for codes, values in reversed(cols):
-            size = len(values)
-            parts.append([values[c] for c in (rest % size).tolist()])
-            rest = rest // size
-        parts.reverse()
-        return list(zip(*parts)) if parts else [()] * len(uniq)
 
-    return uniq, inv, decode
+def _fold(cols: Sequence[np.ndarray], radixes: Sequence[int]) -> tuple[np.ndarray, int]:
+    """Each row's number among the distinct code tuples of ``cols`` (in [0, n)), numbered in the
+    tuples' lexicographic order, and n. The key is renumbered densely whenever it would grow past
+    ``_FOLD_SPACE`` (numbering keeps the order), so many labels of many values never overflow int64."""
+    key, space = cols[0], radixes[0]
+    for codes, radix in zip(cols[1:], radixes[1:]):
+        if space * radix > _FOLD_SPACE:
+            uniq, key = _dense(key, space)
+            space = len(uniq)
+        key = key * radix + codes
+        space *= radix
+    uniq, key = _dense(key, space)
+    return key, len(uniq)
+
+
+class Groups:
+    """The label sets of one batch for one tuple of labels, shared by every metric with those labels.
+
+    ``ids`` gives each row of the batch its set's number; sets are numbered in the order of their
+    labels' codes (each label's codes index its ``values``), which is the order ``add`` meets them in,
+    so which sets a full series cap admits does not depend on how the batch was grouped. A grouping of
+    some labels is derived from one of more labels without touching the rows (``project``)."""
+
+    __slots__ = ("ids", "codes", "values", "size")
+
+    def __init__(self, ids: np.ndarray, codes: np.ndarray, values: list[list[str]]) -> None:
+        self.ids = ids  # per row: its set's number
+        self.codes = codes  # per set and label: the label's code
+        self.values = values  # per label: the values its codes index
+        self.size = len(codes)
+
+    @classmethod
+    def of(cls, cols: Sequence[Codes]) -> Groups:
+        """The label sets of rows labelled by ``cols`` (one ``Codes`` per label, all rows alike)."""
+        if len(cols) == 1:  # the codes are the set numbers already
+            codes, values = cols[0]
+            return cls(codes, np.arange(len(values), dtype=np.int64)[:, None], [values])
+        ids, n = _fold([c for c, _ in cols], [len(v) for _, v in cols])
+        first = np.empty(n, dtype=np.int64)  # a row of each set
+        first[ids] = np.arange(len(ids), dtype=np.int64)
+        return cls(ids, np.stack([c[first] for c, _ in cols], axis=1), [v for _, v in cols])
+
+    def project(self, positions: Sequence[int]) -> Groups:
+        """The sets of the labels at ``positions`` (in that order), from these sets."""
+        sub = self.codes[:, list(positions)]
+        values = [self.values[p] for p in positions]
+        setmap, n = _fold(list(sub.T), [len(v) for v in values])
+        first = np.empty(n, dtype=np.int64)
+        first[setmap] = np.arange(self.size, dtype=np.int64)
+        return Groups(setmap[self.ids], sub[first], values)
+
+    def labels(self, sets: np.ndarray, suffix: tuple[str, ...] = ()) -> list[tuple]:
+        """The label values of ``sets`` (numbers), each followed by ``suffix``."""
+        cols = self.codes[sets].T.tolist()
+        parts = [[values[c] for c in col] for values, col in zip(self.values, cols)]
+        if suffix:
+            parts.extend([[v] * len(sets) for v in suffix])
+        return list(zip(*parts))
 
 
 class _Family:
@@ -246,12 +280,20 @@ class CounterState(_Family):
         super().__init__(name, help_, labels, series_cap)
 
     def add(self, cols: Sequence[Codes], values: np.ndarray | None = None) -> None:
-        if not len(cols[0][0]):
+        if len(cols[0][0]):
+            self.add_sets(Groups.of(cols), None, values)
+
+    def add_sets(self, groups: Groups, rows: np.ndarray | None, values: np.ndarray | None = None,
+                 suffix: tuple[str, ...] = ()) -> None:
+        """Add each row's value (1 when ``values`` is None) of ``rows`` (all when None), labelled by
+        ``groups`` and then ``suffix``."""
+        ids = groups.ids if rows is None else groups.ids[rows]
+        if not len(ids):
             return
-        uniq, inv, decode = _groups(cols)
+        uniq, inv = _dense(ids, groups.size)
         totals = np.bincount(inv, weights=values, minlength=len(uniq))
         with self._lock:
-            for key, total in zip(decode(), totals.tolist()):
+            for key, total in zip(groups.labels(uniq, suffix), totals.tolist()):
                 k = self._admit(key, self.state)
                 self.state[k] = self.state.get(k, 0) + total
                 self._touch(k)
@@ -296,17 +338,25 @@ class HistogramState(_Family):
         # self.state: key -> [counts per bucket (last: +Inf), sum]
 
     def add(self, cols: Sequence[Codes], values: np.ndarray) -> None:
+        if len(values):
+            self.add_sets(Groups.of(cols), None, values)
+
+    def add_sets(self, groups: Groups, rows: np.ndarray | None, values: np.ndarray,
+                 suffix: tuple[str, ...] = ()) -> None:
+        """Observe ``values`` (one per row of ``rows``, all rows when None), labelled by ``groups``
+        and then ``suffix``."""
         if not len(values):
             return
         values = np.asarray(values, dtype=np.float64)
+        ids = groups.ids if rows is None else groups.ids[rows]
         nb = len(self.bounds) + 1
         bucket = np.searchsorted(self.bounds, values, side="left")
-        uniq, inv, decode = _groups(cols, bucket, nb)
+        uniq, inv = _dense(ids * nb + bucket, groups.size * nb)
         counts = np.bincount(inv, minlength=len(uniq)).tolist()
         sums = np.bincount(inv, weights=values, minlength=len(uniq)).tolist()
         buckets = (uniq % nb).tolist()
         with self._lock:
-            for key, b, count, total in zip(decode(), buckets, counts, sums):
+            for key, b, count, total in zip(groups.labels(uniq // nb, suffix), buckets, counts, sums):
                 k = self._admit(key, self.state)
                 st = self.state.get(k)
                 if st is None:
