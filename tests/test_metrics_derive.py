@@ -238,3 +238,40 @@ def test_rows_containing_finds_each_string_with_the_needle():
         expected = [i for i, v in enumerate(arr.to_pylist()) if v and '"error.type":' in v]
         assert _rows_containing(arr, b'"error.type":').tolist() == expected
     assert _rows_containing(a.slice(4, 2), b'"error.type":').tolist() == []
+
+
+def test_run_steps_taken_in_the_batch_match_remembering_each_run():
+    """Runs whose inner spans and run span share a batch get their step without being remembered:
+    the steps and the runs left open must be those of remembering every run and then taking it."""
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+
+    from otel_agenttape.receiver import run_steps
+
+    def reference(remembered: dict, ids: list, steps: list, is_run: list) -> list:
+        order: dict = {}
+        for r, s, run in zip(ids, steps, is_run):
+            if not run and r is not None and s is not None:
+                order[r] = max(order.get(r, s), s)
+        for r, s in order.items():
+            if s > remembered.get(r, -1):
+                remembered[r] = s
+        return [remembered.pop(r, 0) if r and run else 0 for r, run in zip(ids, is_run) if run]
+
+    rng = random.Random(5)
+    for _ in range(300):
+        names = [f"r{i}" for i in range(rng.randrange(1, 8))] + ["", None]
+        n = rng.randrange(1, 30)
+        ids = [rng.choice(names) for _ in range(n)]
+        steps = [rng.choice([None, -2, 0, 1, 2, 5]) for _ in range(n)]
+        is_run = [rng.random() < 0.3 for _ in range(n)]
+        before = {r: rng.randrange(0, 4) for r in names[:-2] if rng.random() < 0.4}
+        expected = dict(before)
+        want = reference(expected, ids, steps, is_run)
+        runs = run_steps.OpenRuns()
+        runs.highest = dict(before)
+        got = runs.observe(pa.array(ids, pa.string()), pa.array(steps, pa.int64()), np.array(is_run, dtype=bool))
+        assert got.tolist() == want
+        assert list(runs.highest.items()) == list(expected.items())

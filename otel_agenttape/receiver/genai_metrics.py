@@ -15,7 +15,6 @@ instrumentations send through a collector. What the conventions do not name is `
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 
 import numpy as np
@@ -27,6 +26,7 @@ from prometheus_client.registry import Collector
 from otel_agenttape.receiver.chain_links import ChainLinks
 from otel_agenttape.receiver.metric_state import CounterState, HistogramState, LabelCap, families
 from otel_agenttape.receiver.metrics import GENAI_DURATION_BUCKETS
+from otel_agenttape.receiver.run_steps import OpenRuns
 from otel_agenttape.receiver.span_labels import BatchLabels, flat, rows_containing, seconds, true_mask
 
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
@@ -43,7 +43,6 @@ LABEL_CAPS = {
 _NOT_CLIENT_SET = pa.array(["invoke_agent", "invoke_workflow", "execute_tool"])
 _STREAM_EVENTS = ["agenttape.text", "agenttape.reasoning"]
 _CHAIN_COLUMNS = ["chain_id", "chain_epoch", "chain_seq", "chain_prev", "chain_hash"]
-MAX_OPEN_RUNS = 100_000  # runs whose steps are counted while their run span has not arrived
 
 # label sets; gen_ai_agent_name and service_name are ours (the conventions allow added attributes): they
 # let a dashboard filter every panel by agent and service
@@ -93,7 +92,7 @@ class SpanMetrics(Collector):
                                ("gen_ai_tool_name",))
         self._texts: list[str] = []  # each family's text at the last scrape, and all of it joined
         self._text = ""
-        self._open_runs: dict[str, int] = {}
+        self._open_runs = OpenRuns()
         self._chains = ChainLinks()
 
     def states(self) -> list[CounterState | HistogramState]:
@@ -205,40 +204,14 @@ class SpanMetrics(Collector):
             self.legacy_errors.add_sets(labels.groups(("gen_ai_tool_name",)), failed)
 
     def _steps(self, spans: pa.Table, is_run: np.ndarray, dur: np.ndarray, labels: BatchLabels) -> None:
-        """Remember the highest step of each open run; observe it when the run's own span arrives."""
-        run_id, step = flat(spans.column("run_id")), flat(spans.column("step"))
-        inner = true_mask(pc.and_kleene(pc.is_valid(step), pc.is_valid(run_id))) & ~is_run
+        """Runs, their duration, and their steps (``OpenRuns``: the highest step of each run's spans)."""
+        steps = self._open_runs.observe(flat(spans.column("run_id")), flat(spans.column("step")), is_run)
+        if not len(steps):
+            return
         runs = np.flatnonzero(is_run)
-        if not len(runs) and not inner.any():
-            return
-        enc = run_id.dictionary_encode()
-        codes = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-        ids = enc.dictionary.to_pylist()
-        open_runs = self._open_runs
-        if inner.any():
-            rows = np.flatnonzero(inner)
-            code = codes[rows]
-            st = pc.fill_null(step, 0).to_numpy().astype(np.int64)[rows]
-            highest = np.full(len(ids), np.iinfo(np.int64).min, dtype=np.int64)
-            np.maximum.at(highest, code, st)
-            first = np.full(len(ids), len(codes), dtype=np.int64)
-            first[code[::-1]] = rows[::-1]  # each run's first row among these
-            present = np.flatnonzero(first < len(codes))
-            present = present[np.argsort(first[present], kind="stable")]  # in the order the runs appear
-            rs, ss = [ids[c] for c in present.tolist()], highest[present].tolist()
-            before = [open_runs.get(r, -1) for r in rs]
-            open_runs.update((r, s) for r, s, b in zip(rs, ss, before) if s > b)
-            excess = len(open_runs) - MAX_OPEN_RUNS
-            if excess > 0:
-                for r in list(itertools.islice(open_runs, excess)):
-                    del open_runs[r]
-        if not len(runs):
-            return
         sets = labels.groups(_RUN)
         self.runs.add_sets(sets, runs)
         self.run_duration.add_sets(sets, runs, dur[runs])
-        names = [ids[c] if c >= 0 else None for c in codes[runs].tolist()]
-        steps = np.array([open_runs.pop(r, 0) if r else 0 for r in names], dtype=np.float64)
         self.run_steps.add_sets(labels.groups(("gen_ai_agent_name", "service_name")), runs, steps)
 
 
