@@ -41,7 +41,7 @@ def _attrs_python(attrs: Mapping[str, Any] | None, skip_chain: bool) -> dict[str
     out = {}
     for k in sorted_keys(keys):
         v = attrs[k]
-        out[k] = {"s": v} if type(v) is str else typed_from_python(v)  # strings dominate: skip the call
+        out[k] = {"s": v} if type(v) is str else strict_from_python(v, sorted_keys)  # strings: no call
     return out
 
 
