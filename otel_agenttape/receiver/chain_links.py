@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from otel_agenttape.receiver.metric_state import new_runs
 from otel_agenttape.receiver.span_labels import flat, true_mask
 
 MAX_CHAINS = 50_000  # tapes whose last link is remembered to check the next one
@@ -46,13 +47,15 @@ class ChainLinks:
             reused = same & (seq[1:] == seq[:-1])
             checked += int(follows.sum() + reused.sum())
             prev_bad += int((follows & true_mask(pc.not_equal(prev.slice(1), hsh.slice(0, n - 1)))).sum())
-            reused_bad += int((reused & true_mask(pc.not_equal(hsh.slice(1), hsh.slice(0, n - 1)))).sum())
-        starts = np.flatnonzero(np.r_[True, (group[1:] != group[:-1]) | (epoch[1:] != epoch[:-1])])
-        ends = np.r_[starts[1:] - 1, n - 1]
+            if reused.any():
+                reused_bad += int((reused & true_mask(pc.not_equal(hsh.slice(1), hsh.slice(0, n - 1)))).sum())
+        starts = np.flatnonzero(new_runs(group) | new_runs(epoch))
+        ends = np.append(starts[1:] - 1, n - 1)
         keys = list(zip(cid.take(pa.array(starts)).to_pylist(), epoch[starts].tolist()))
         chains = self.last
-        known = [chains.get(k) for k in keys]
-        if any(k is not None for k in known):  # first links of the batch against the remembered ones
+        known = list(map(chains.get, keys))
+        fresh = known.count(None) == len(known)  # no tape of the batch was seen before
+        if not fresh:  # first links of the batch against the remembered ones
             first_prev = prev.take(pa.array(starts)).to_pylist()
             first_hash = hsh.take(pa.array(starts)).to_pylist()
             for j, k in enumerate(known):
@@ -66,7 +69,10 @@ class ChainLinks:
                     checked += 1
                     reused_bad += first_hash[j] != k[1]
         last = zip(seq[ends].tolist(), hsh.take(pa.array(ends)).to_pylist())
-        chains.update((key, link) for key, link, k in zip(keys, last, known) if k is None or link[0] >= k[0])
+        if fresh:
+            chains.update(zip(keys, last))
+        else:
+            chains.update((key, link) for key, link, k in zip(keys, last, known) if k is None or link[0] >= k[0])
         excess = len(chains) - MAX_CHAINS
         if excess > 0:
             for key in list(itertools.islice(chains, excess)):

@@ -24,7 +24,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from otel_agenttape.receiver.chain_links import ChainLinks
-from otel_agenttape.receiver.metric_state import CounterState, HistogramState, LabelCap, families
+from otel_agenttape.receiver.metric_state import CounterState, HistogramState, LabelCap, families, new_runs
 from otel_agenttape.receiver.metrics import GENAI_DURATION_BUCKETS
 from otel_agenttape.receiver.run_steps import OpenRuns
 from otel_agenttape.receiver.span_labels import BatchLabels, flat, rows_containing, seconds, true_mask
@@ -176,7 +176,7 @@ class SpanMetrics(Collector):
             new = pc.fill_null(pc.not_equal(sid.slice(1), sid.slice(0, len(sid) - 1)), True)
             np.cumsum(new.to_numpy(zero_copy_only=False), out=block[1:])
             run = block[streamed]
-            streamed = streamed[np.r_[True, run[1:] != run[:-1]]]
+            streamed = streamed[new_runs(run)]
         at = pc.index_in(sid.take(streamed), value_set=flat(spans.column("span_id")).take(client))
         pos = pc.fill_null(at, -1).to_numpy(zero_copy_only=False)
         hit = pos >= 0

@@ -110,6 +110,15 @@ def _fold(cols: Sequence[np.ndarray], radixes: Sequence[int]) -> tuple[np.ndarra
     return key, len(uniq)
 
 
+def new_runs(a: np.ndarray) -> np.ndarray:
+    """Whether each element starts a run of equal elements (differs from the one before it)."""
+    out = np.empty(len(a), dtype=bool)
+    if len(a):
+        out[0] = True
+        np.not_equal(a[1:], a[:-1], out=out[1:])
+    return out
+
+
 class Groups:
     """The label sets of one batch for one tuple of labels, shared by every metric with those labels.
 
@@ -335,7 +344,9 @@ class HistogramState(_Family):
         super().__init__(name, help_, labels, series_cap)
         self.bounds = np.asarray(bounds, dtype=np.float64)
         self._les = [floatToGoString(b) for b in bounds] + ["+Inf"]
-        # self.state: key -> [counts per bucket (last: +Inf), sum]
+        # self.state: key -> the series' row in _counts (per bucket, last: +Inf) and _sums
+        self._counts = np.zeros((16, len(self.bounds) + 1), dtype=np.int64)
+        self._sums = np.zeros(16, dtype=np.float64)
 
     def add(self, cols: Sequence[Codes], values: np.ndarray) -> None:
         if len(values):
@@ -344,7 +355,9 @@ class HistogramState(_Family):
     def add_sets(self, groups: Groups, rows: np.ndarray | None, values: np.ndarray,
                  suffix: tuple[str, ...] = ()) -> None:
         """Observe ``values`` (one per row of ``rows``, all rows when None), labelled by ``groups``
-        and then ``suffix``."""
+        and then ``suffix``. Python runs once per label set; the counts and sums are added with
+        ``np.add.at``, in the order of the (set, bucket) pairs, so each sum adds the same partial
+        sums in the same order as adding them one by one would."""
         if not len(values):
             return
         values = np.asarray(values, dtype=np.float64)
@@ -352,28 +365,38 @@ class HistogramState(_Family):
         nb = len(self.bounds) + 1
         bucket = np.searchsorted(self.bounds, values, side="left")
         uniq, inv = _dense(ids * nb + bucket, groups.size * nb)
-        counts = np.bincount(inv, minlength=len(uniq)).tolist()
-        sums = np.bincount(inv, weights=values, minlength=len(uniq)).tolist()
-        buckets = (uniq % nb).tolist()
+        counts = np.bincount(inv, minlength=len(uniq))
+        sums = np.bincount(inv, weights=values, minlength=len(uniq))
+        sets = uniq // nb
+        starts = new_runs(sets)
+        keys = groups.labels(sets[starts], suffix)
         with self._lock:
-            for key, b, count, total in zip(groups.labels(uniq // nb, suffix), buckets, counts, sums):
-                k = self._admit(key, self.state)
-                st = self.state.get(k)
-                if st is None:
-                    st = self.state[k] = [np.zeros(nb, dtype=np.int64), 0.0]
-                st[0][b] += count
-                st[1] += total
+            state = self.state
+            rows_of_sets = []
+            for key in keys:
+                k = self._admit(key, state)
+                row = state.get(k)
+                if row is None:
+                    row = state[k] = len(state)
+                rows_of_sets.append(row)
                 self._touch(k)
+            if len(state) > len(self._sums):
+                grow = max(len(state), 2 * len(self._sums)) - len(self._sums)
+                self._counts = np.concatenate([self._counts, np.zeros((grow, nb), dtype=np.int64)])
+                self._sums = np.concatenate([self._sums, np.zeros(grow, dtype=np.float64)])
+            series = np.asarray(rows_of_sets, dtype=np.int64)[np.cumsum(starts) - 1]
+            np.add.at(self._counts, (series, uniq % nb), counts)
+            np.add.at(self._sums, series, sums)
 
     def count(self, **labels: str) -> int:
         key = tuple(labels.get(n, "") for n in self.labels)
         with self._lock:
-            st = self.state.get(key)
-            return int(st[0].sum()) if st is not None else 0
+            row = self.state.get(key)
+            return int(self._counts[row].sum()) if row is not None else 0
 
     def _item(self, key: tuple) -> tuple:
-        st = self.state[key]
-        return key, np.cumsum(st[0]).tolist(), st[1]
+        row = self.state[key]
+        return key, np.cumsum(self._counts[row]).tolist(), float(self._sums[row])
 
     def _values(self, item: tuple) -> list:
         cum = item[1]
