@@ -152,3 +152,46 @@ def test_remote_reader_over_a_store_without_the_index(stores):
     finally:
         server.shutdown()
         local.close()
+
+
+def _pages(source, limit):
+    """Every ref and total of every runs page, paging from a fresh reader."""
+    import otel_agenttape
+
+    refs, totals = [], []
+    with otel_agenttape.open(source) as tapes:
+        cursor = None
+        while True:
+            page = tapes.runs(limit=limit, cursor=cursor)
+            refs += [r.ref for r in page.runs]
+            totals.append(page.total)
+            cursor = page.next_cursor
+            if cursor is None:
+                return refs, totals
+
+
+def test_runs_pages_from_the_index_match_the_spans_and_an_older_index_is_rebuilt(stores):
+    from otel_agenttape.tape.read import index_keys
+
+    spans_only = {limit: _pages(stores["plain"], limit) for limit in (1, 4, 50)}
+    assert len(spans_only[50][0]) == 20
+    with open_reader(stores["db"]) as r:
+        assert index_keys.first_page(r, 4) is not None, "the store's run_index is used"
+    for limit, want in spans_only.items():
+        assert _pages(stores["db"], limit) == want
+    # a store whose run_index was written before it held each run's trace, start and key
+    old = str(stores["tmp"] / "old-index.duckdb")
+    shutil.copy(stores["db"], old)
+    con = duckdb.connect(old)
+    for col in ("trace_id", "run_start_unix_nano", "last_start_unix_nano", "run_key_hi", "run_key_lo"):
+        con.execute(f"ALTER TABLE run_index DROP COLUMN {col}")
+    con.close()
+    with open_reader(old) as r:
+        assert index_keys.first_page(r, 4) is None  # read from the spans instead
+    assert _pages(old, 4) == spans_only[4]
+    Store(old).close()  # a writer opening it indexes it again, with those columns
+    with open_reader(old) as r:
+        assert index_keys.first_page(r, 4) is not None
+        assert _both(r, stores["ids"]) == _both(open_reader(stores["db"]), stores["ids"])
+    for limit, want in spans_only.items():
+        assert _pages(old, limit) == want

@@ -6,6 +6,7 @@ from __future__ import annotations
 import duckdb
 
 from otel_agenttape.store import schema, views
+from otel_agenttape.store.runs_view import OURS_ROLE
 
 _RUN_INDEX_DDL = """CREATE TABLE IF NOT EXISTS run_index (
   run_id VARCHAR NOT NULL,
@@ -17,8 +18,31 @@ _RUN_INDEX_DDL = """CREATE TABLE IF NOT EXISTS run_index (
   first_event_row BIGINT,
   last_event_row BIGINT,
   first_link_row BIGINT,
-  last_link_row BIGINT
+  last_link_row BIGINT,
+  trace_id VARCHAR,
+  run_start_unix_nano BIGINT,
+  last_start_unix_nano BIGINT,
+  run_key_hi UBIGINT,
+  run_key_lo UBIGINT
 )"""
+# The columns a runs page is cut from (``tape/read/index_keys``): the run's trace, the start of its run
+# span(s) in the write, the latest start of its spans in the write, and the run's key: the MD5 digest of
+# ``run_id@trace_id`` as two numbers (its first and last 8 bytes read little-endian), so that runs are
+# grouped and counted without reading their ids. A lake's ``run_traces`` holds the same columns.
+_PAGE_COLUMNS = {"trace_id": "VARCHAR", "run_start_unix_nano": "BIGINT", "last_start_unix_nano": "BIGINT",
+                 "run_key_hi": "UBIGINT", "run_key_lo": "UBIGINT"}
+RUN_KEY_SQL = ("md5_number_upper(run_id || '@' || trace_id) AS run_key_hi, "
+               "md5_number_lower(run_id || '@' || trace_id) AS run_key_lo")
+# The page columns of the spans of one run and trace (in a GROUP BY run_id, trace_id).
+PAGE_COLUMNS_SQL = (f"trace_id, min(start_time_unix_nano) FILTER (WHERE ({OURS_ROLE}) = 'run'), "
+                    f"max(start_time_unix_nano), {RUN_KEY_SQL}")
+# Every span with a run id, indexed per (run, trace) over whole tables (a store written before the index,
+# or before its page columns: row ranges as wide as the tables).
+_INDEX_ALL_SQL = (
+    "INSERT INTO run_index SELECT run_id, min(start_time_unix_nano), max(end_time_unix_nano), count(*), "
+    "min(rowid), max(rowid), (SELECT min(rowid) FROM span_events), (SELECT max(rowid) FROM span_events), "
+    f"(SELECT min(rowid) FROM span_links), (SELECT max(rowid) FROM span_links), {PAGE_COLUMNS_SQL} "
+    "FROM spans WHERE run_id IS NOT NULL GROUP BY run_id, trace_id")
 
 
 def create_schema(con: duckdb.DuckDBPyConnection) -> None:
@@ -29,13 +53,22 @@ def create_schema(con: duckdb.DuckDBPyConnection) -> None:
         "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'run_index' AND schema_name = 'main'"
     ).fetchall()[0][0]
     con.execute(_RUN_INDEX_DDL)
-    if not had_index:  # a store written before run_index existed: index what it holds (whole tables)
-        con.execute(
-            "INSERT INTO run_index SELECT run_id, min(start_time_unix_nano), max(end_time_unix_nano), count(*), "
-            "min(rowid), max(rowid), (SELECT min(rowid) FROM span_events), (SELECT max(rowid) FROM span_events), "
-            "(SELECT min(rowid) FROM span_links), (SELECT max(rowid) FROM span_links) "
-            "FROM spans WHERE run_id IS NOT NULL GROUP BY run_id"
-        )
+    have = {str(r[0]) for r in con.sql(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'run_index' AND schema_name = 'main'").fetchall()}
+    if had_index and not set(_PAGE_COLUMNS) <= have:  # written before the page columns: index again
+        con.execute("BEGIN")
+        try:
+            for name, kind in _PAGE_COLUMNS.items():
+                if name not in have:
+                    con.execute(f"ALTER TABLE run_index ADD COLUMN {name} {kind}")
+            con.execute("DELETE FROM run_index")
+            con.execute(_INDEX_ALL_SQL)
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+    elif not had_index:  # a store written before run_index existed: index what it holds
+        con.execute(_INDEX_ALL_SQL)
     if _view_sql(con) != _expected_view_sql():
         views.create_views(con)
 

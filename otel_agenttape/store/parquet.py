@@ -26,6 +26,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from otel_agenttape.store import rows, schema
+from otel_agenttape.store.ddl import RUN_KEY_SQL
 from otel_agenttape.store.runs_view import OURS_ROLE
 
 PARTITIONED = ("spans", "span_events", "span_links", "log_records")
@@ -157,15 +158,12 @@ RUN_TRACES = "run_traces"
 SPAN_FILES_KEY = b"agenttape.span_files"
 # The lake's run index: where each run is, without scanning spans.run_id / spans.parent_run_id.
 # ``run_start_unix_nano``: the start of the run's own run span(s), the time the runs view lists the run
-# at; ``run_key_hi``/``run_key_lo``: the MD5 digest of ``run_id@trace_id`` as two numbers (its first and
-# last 8 bytes read little-endian), so that runs are grouped and counted without reading their ids. A page of runs is cut from this index alone
-# (``tape/read/index_keys``).
+# at; ``run_key_hi``/``run_key_lo``: the run's key (``store.ddl.RUN_KEY_SQL``). A page of runs is cut
+# from this index alone (``tape/read/index_keys``).
 RUN_TRACES_SQL = f"""SELECT run_id, trace_id, parent_run_id,
        min(start_time_unix_nano) AS start_time_unix_nano, max(start_time_unix_nano) AS last_start_unix_nano,
        max(end_time_unix_nano) AS end_time_unix_nano, count(*)::BIGINT AS spans,
-       min(start_time_unix_nano) FILTER (WHERE ({OURS_ROLE}) = 'run') AS run_start_unix_nano,
-       md5_number_upper(run_id || '@' || trace_id) AS run_key_hi,
-       md5_number_lower(run_id || '@' || trace_id) AS run_key_lo
+       min(start_time_unix_nano) FILTER (WHERE ({OURS_ROLE}) = 'run') AS run_start_unix_nano, {RUN_KEY_SQL}
 FROM spans WHERE run_id IS NOT NULL OR parent_run_id IS NOT NULL
 GROUP BY run_id, trace_id, parent_run_id ORDER BY run_id, trace_id, parent_run_id"""
 

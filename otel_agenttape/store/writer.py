@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from otel_agenttape.store import rows, schema
-from otel_agenttape.store.ddl import create_schema
+from otel_agenttape.store.ddl import PAGE_COLUMNS_SQL, create_schema
 from otel_agenttape.store.keyfilter import KeyFilter
 from otel_agenttape.store.reader import StoreOpenError, open_error_message
 
@@ -278,7 +278,8 @@ class Store:
                 ne, nl = events.num_rows, links.num_rows
                 con.execute(
                     "INSERT INTO run_index SELECT run_id, min(start_time_unix_nano), max(end_time_unix_nano), "
-                    "count(*), ?, ?, ?, ?, ?, ? FROM _n_spans WHERE run_id IS NOT NULL GROUP BY run_id",
+                    f"count(*), ?, ?, ?, ?, ?, ?, {PAGE_COLUMNS_SQL} "
+                    "FROM _n_spans WHERE run_id IS NOT NULL GROUP BY run_id, trace_id",
                     [s0, s0 + spans.num_rows - 1, e0 if ne else None, e0 + ne - 1 if ne else None,
                      l0 if nl else None, l0 + nl - 1 if nl else None],
                 )

@@ -1,12 +1,13 @@
-"""Runs keys from a lake's run index instead of its spans.
+"""Runs keys from a run index instead of the spans.
 
 A lake's ``run_traces`` (``store.parquet.RUN_TRACES_SQL``) holds a row per run, trace and published
-batch: about a tenth of the spans' rows, and only the columns a page of runs is ordered by. Keys read
+batch, a DuckDB store's ``run_index`` (``store.ddl``) a row per run, trace and write: about a tenth of
+the spans' rows or fewer, and only the columns a page of runs is ordered by. Keys read
 from it follow the rules of ``store.runs_view.OURS_KEY_COLUMNS``: a run starts when its run span does
 (else its first span), and its spans start in ``[span_lo, span_hi]``.
 
 ``first_page`` answers the first page of a reader that has not read every run's keys yet (each
-``agenttape runs --lake`` is such a reader) in one pass over fixed-width columns: runs are grouped and
+``agenttape runs`` is such a reader, and the console after a restart) in one pass over fixed-width columns: runs are grouped and
 counted by the MD5 of ``run_id@trace_id`` (``run_key_hi``, ``run_key_lo``), and only the page's runs
 have their ids read. ``all_keys`` reads every run's keys, for a reader that pages on.
 """
@@ -32,14 +33,17 @@ _NEWEST_FIRST = "start_time_unix_nano DESC, ref DESC"
 
 
 def _index(reader: Reader) -> str | None:
-    """The reader's run index, if it has one that holds each run's start and key."""
+    """The reader's run index (a lake's ``run_traces``, or a DuckDB store's ``run_index``) if it holds
+    each run's trace, start and key (``store.ddl.RUN_KEY_SQL``)."""
     index = lake_run_traces(reader)
     if index is None:
-        return None
+        if getattr(reader, "kind", None) != "duckdb":
+            return None
+        index = "run_index"  # the writer's (every store a writer opened since holds these columns)
     try:
         found = _rows(reader, f"SELECT count(*) FILTER (WHERE run_key_hi IS NULL) AS old FROM {index} "
                               "WHERE run_id IS NOT NULL", [])
-    except QueryError:  # an index exported before it held these columns: the spans are read
+    except QueryError:  # no index, or one written before it held these columns: the spans are read
         return None
     return index if not found[0]["old"] else None  # some rows were published before they were kept
 
