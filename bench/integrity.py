@@ -43,7 +43,8 @@ from otel_agenttape.integrity.checkpoint import Checkpoint
 from otel_agenttape.store import rows as store_rows
 from otel_agenttape.store.reader import open_reader
 from otel_agenttape.store.writer import Store
-from otel_agenttape.tape.verification import row_leaf, verify_store
+from otel_agenttape.tape.sealed_rows import row_leaf
+from otel_agenttape.tape.verification import verify_store
 
 
 class NullExporter(SpanExporter):

@@ -34,7 +34,8 @@ from otel_agenttape.integrity.leaf import project_sdk
 from otel_agenttape.store.parquet import export_parquet
 from otel_agenttape.store.reader import open_reader
 from otel_agenttape.store.writer import Store
-from otel_agenttape.tape.verification import load_rows, row_leaf, verify_store
+from otel_agenttape.tape.sealed_rows import load_rows, row_leaf
+from otel_agenttape.tape.verification import verify_store
 
 KEY_POOL = ["a", "Z", "_", ".", "\ue000", "\uffee", "\U0001f600", "\U00010000", "\u00e9", "\u05d3", "\ud800", "\udfff"]
 CHAR_RANGES = [(0x20, 0x7F), (0, 0x20), (0x80, 0x800), (0x800, 0xD800), (0xD800, 0xE000), (0xE000, 0x10000),

@@ -16,7 +16,8 @@ from otel_agenttape.integrity.checkpoint import Checkpoint
 from otel_agenttape.store.parquet import export_parquet
 from otel_agenttape.store.reader import open_reader
 from otel_agenttape.store.writer import Store
-from otel_agenttape.tape.verification import load_rows, row_leaf, verify_store
+from otel_agenttape.tape.sealed_rows import load_rows, row_leaf
+from otel_agenttape.tape.verification import verify_store
 
 N_NODES = 12  # seq 0..11 are nodes, seq 12 is the run span
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import grpc
 
-from otel_agenttape.codec.otlp_decode import PROTOBUF, DecodeError, TooManyItems
+from otel_agenttape.codec.otlp_decode import LOGS, PROTOBUF, TRACES, DecodeError, TooManyItems
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import Backpressure
-from otel_agenttape.receiver.service import LOGS, TRACES, ExportService, retry_info, rpc_status
+from otel_agenttape.receiver.service import ExportService, retry_info, rpc_status
 from otel_agenttape.receiver.wal import WalClosed
 
 log = logging.getLogger(__name__)

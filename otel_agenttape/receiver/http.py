@@ -40,6 +40,8 @@ from starlette.routing import BaseRoute, Route
 
 from otel_agenttape.codec.otlp_decode import (
     JSON,
+    LOGS,
+    TRACES,
     BodyTooLarge,
     DecodeError,
     UnsupportedMediaType,
@@ -52,7 +54,7 @@ from otel_agenttape.receiver.httpproto import OVER_LIMIT, TIMED_OUT, protocol_cl
 from otel_agenttape.receiver.limits import Limits
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import Backpressure
-from otel_agenttape.receiver.service import LOGS, TRACES, ExportService, rpc_status
+from otel_agenttape.receiver.service import ExportService, rpc_status
 from otel_agenttape.receiver.wal import WalClosed
 
 log = logging.getLogger(__name__)

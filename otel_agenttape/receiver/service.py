@@ -10,13 +10,11 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from otel_agenttape.codec.otlp_decode import LOGS, TRACES, DecodeError, TooManyItems
+from otel_agenttape.codec.otlp_decode import TRACES, DecodeError, TooManyItems
 from otel_agenttape.receiver.limits import DEFAULT_MAX_SPANS_PER_REQUEST
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.pipeline import Backpressure, IngestPipeline
 from otel_agenttape.receiver.wal import KIND_LOGS, KIND_TRACES
-
-__all__ = ["LOGS", "TRACES", "ExportService"]  # the signal names are re-exported for the transports
 
 
 class ExportService:

@@ -30,9 +30,7 @@ from otel_agenttape.integrity.verify import (
     verify_chain,
 )
 from otel_agenttape.tape.sealed_entries import iter_entries
-from otel_agenttape.tape.sealed_rows import load_rows, row_entry, row_leaf, typed_scalar
-
-__all__ = ["file_notes", "load_rows", "row_entry", "row_leaf", "store_notes", "verify_rows", "verify_store"]
+from otel_agenttape.tape.sealed_rows import row_entry, typed_scalar
 
 
 def _chain_filter(run: str | None) -> tuple[str, list[Any]]:
