@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...store.ddl import RUN_KEY_SQL
 from ...store.reader import QueryError
 from ..load import Reader, _rows, lake_run_traces
 
@@ -74,10 +75,13 @@ def first_page(reader: Reader, limit: int) -> tuple[list[dict[str, Any]], int] |
     if not top:
         return [], 0
     total = int(top[0]["total"])
-    his = sorted({int(r["run_key_hi"]) for r in top})
+    # the ids, from the spans these runs' spans start among (spans are stored in time order, so the
+    # window reads a few row groups; the index is in id order and would be read whole)
+    his = ", ".join(str(h) for h in sorted({int(r["run_key_hi"]) for r in top}))
+    lo, hi = min(int(r["span_lo"]) for r in top), max(int(r["span_hi"]) for r in top)
     ids = _rows(reader, (
-        f"SELECT DISTINCT run_key_hi, run_key_lo, run_id, trace_id FROM {index} "
-        f"WHERE run_key_hi IN ({', '.join(str(h) for h in his)}) AND run_id IS NOT NULL"), [])
+        f"SELECT DISTINCT {RUN_KEY_SQL}, run_id, trace_id FROM spans WHERE start_time_unix_nano BETWEEN ? AND ? "
+        f"AND run_id IS NOT NULL AND md5_number_upper(run_id || '@' || trace_id) IN ({his})"), [lo, hi])
     named: dict[tuple[int, int], tuple[str, str]] = {}
     for r in ids:
         key = (int(r["run_key_hi"]), int(r["run_key_lo"]))
