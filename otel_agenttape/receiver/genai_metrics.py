@@ -40,7 +40,7 @@ LABEL_CAPS = {
     "status": 16, "error_type": 32,
 }
 # operations with metrics of their own (runs, tools): not client operations
-_NOT_CLIENT_SET = pa.array(["invoke_agent", "invoke_workflow", "execute_tool"])
+_NOT_CLIENT_OPS = ("invoke_agent", "invoke_workflow", "execute_tool")
 _STREAM_EVENTS = ["agenttape.text", "agenttape.reasoning"]
 _CHAIN_COLUMNS = ["chain_id", "chain_epoch", "chain_seq", "chain_prev", "chain_hash"]
 
@@ -115,16 +115,16 @@ class SpanMetrics(Collector):
         spans = tables.get("spans")
         if spans is None or not spans.num_rows:
             return
-        op = flat(spans.column("operation_name"))
+        op = _Operations(flat(spans.column("operation_name")))
         node = flat(spans.column("node_type"))
         dur = seconds(spans.column("end_time_unix_nano"), spans.column("start_time_unix_nano"))
         err = flat(pc.equal(spans.column("status_code"), 2))
-        labels = BatchLabels(self.caps, spans, err)
+        labels = BatchLabels(self.caps, spans, err, {"operation_name": op.encoded})
         self._models(spans, op, dur, labels, tables.get("span_events"))
-        tools = np.flatnonzero(true_mask(pc.equal(op, "execute_tool")) | true_mask(pc.equal(node, "tool")))
+        tools = np.flatnonzero(op.is_any("execute_tool") | true_mask(pc.equal(node, "tool")))
         if len(tools):
             self._tools(tools, dur, true_mask(err), labels)
-        is_run = true_mask(pc.equal(op, "invoke_agent")) | true_mask(pc.equal(node, "run"))
+        is_run = op.is_any("invoke_agent") | true_mask(pc.equal(node, "run"))
         self._steps(spans, is_run, dur, labels)
         chain_id = spans.column("chain_id")
         if chain_id.null_count < len(chain_id):
@@ -138,14 +138,14 @@ class SpanMetrics(Collector):
                 self.chain_failures.incr(prev_bad, "prev_mismatch")
             if reused_bad:
                 self.chain_failures.incr(reused_bad, "seq_reused")
-        if op.null_count < len(op):
-            rows = np.flatnonzero(op.is_valid().to_numpy(zero_copy_only=False)) if op.null_count else None
+        if op.named.any():
+            rows = None if op.named.all() else np.flatnonzero(op.named)
             self.legacy_duration.add_sets(labels.groups(("gen_ai_operation_name",)), rows,
                                           dur if rows is None else dur[rows])
 
-    def _models(self, spans: pa.Table, op: pa.Array, dur: np.ndarray, labels: BatchLabels,
+    def _models(self, spans: pa.Table, op: _Operations, dur: np.ndarray, labels: BatchLabels,
                 events: pa.Table | None) -> None:
-        client = np.flatnonzero(true_mask(pc.and_kleene(pc.is_valid(op), pc.invert(pc.is_in(op, _NOT_CLIENT_SET)))))
+        client = np.flatnonzero(op.named & ~op.is_any(*_NOT_CLIENT_OPS))
         if len(client):
             self.op_duration.add_sets(labels.groups(_MODEL + ("error_type",)), client, dur[client])
         for typ, col in (("input", "input_tokens"), ("output", "output_tokens")):
@@ -213,6 +213,29 @@ class SpanMetrics(Collector):
         self.runs.add_sets(sets, runs)
         self.run_duration.add_sets(sets, runs, dur[runs])
         self.run_steps.add_sets(labels.groups(("gen_ai_agent_name", "service_name")), runs, steps)
+
+
+class _Operations:
+    """``gen_ai.operation.name`` of a batch, encoded once: the masks of operations, and the encoding
+    the operation label reuses."""
+
+    def __init__(self, column: pa.Array) -> None:
+        if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+            column = column.cast(pa.string())
+        self.encoded = column.dictionary_encode()
+        self.names = self.encoded.dictionary.to_pylist()
+        codes = self.encoded.indices
+        self.codes = (pc.fill_null(codes, -1) if codes.null_count else codes).to_numpy(zero_copy_only=False)
+        self.named = self.codes >= 0
+
+    def is_any(self, *names: str) -> np.ndarray:
+        """Rows whose operation is one of ``names``."""
+        wanted = [i for i, n in enumerate(self.names) if n in names]
+        if not wanted:
+            return np.zeros(len(self.codes), dtype=bool)
+        if len(wanted) == 1:
+            return self.codes == wanted[0]
+        return np.isin(self.codes, wanted)
 
 
 def _rows_containing(strings: pa.Array, needle: bytes) -> np.ndarray:

@@ -62,15 +62,26 @@ class LabelCap:
         return OTHER
 
     def codes(self, column: pa.Array | pa.ChunkedArray) -> Codes:
-        """The capped label of every row, as codes into a list of values (last value: "" for nulls)."""
+        """The capped label of every row, as codes into a list of values (last value: "" for nulls).
+        ``column`` may be dictionary-encoded already (its dictionary in the order values first appear)."""
         if isinstance(column, pa.ChunkedArray):  # its only chunk as it is (combine_chunks would copy it)
             column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-        if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
-            column = column.cast(pa.string())
-        enc = column.dictionary_encode()
-        values = [self._map(v) for v in enc.dictionary.to_pylist()] + [""]
-        indices = enc.indices if not enc.indices.null_count else pc.fill_null(enc.indices, len(values) - 1)
-        return indices.to_numpy(zero_copy_only=False).astype(np.int64), values
+        if pa.types.is_dictionary(column.type):
+            enc = column
+        else:
+            if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+                column = column.cast(pa.string())
+            enc = column.dictionary_encode()
+        indices = enc.indices if not enc.indices.null_count else pc.fill_null(enc.indices, -1)
+        return self.encoded(enc.dictionary.to_pylist(), indices.to_numpy(zero_copy_only=False).astype(np.int64))
+
+    def encoded(self, dictionary: list[str], codes: np.ndarray) -> Codes:
+        """The capped label of rows given as ``codes`` into ``dictionary`` (-1: null), the values
+        listed in the order they first appear in the rows."""
+        values = [self._map(v) for v in dictionary] + [""]
+        if len(codes) and codes.min() < 0:
+            codes = np.where(codes < 0, len(values) - 1, codes)
+        return codes, values
 
 
 def constant(value: str, n: int) -> Codes:

@@ -25,8 +25,10 @@ COLUMN = {"gen_ai_operation_name": "operation_name", "gen_ai_provider_name": "pr
 class BatchLabels:
     """Capped label codes and label sets of one batch, each computed at most once."""
 
-    def __init__(self, caps: dict[str, LabelCap], spans: pa.Table, err: pa.Array) -> None:
+    def __init__(self, caps: dict[str, LabelCap], spans: pa.Table, err: pa.Array,
+                 encoded: dict[str, pa.DictionaryArray] | None = None) -> None:
         self.caps, self.spans, self.err = caps, spans, err
+        self.encoded = encoded or {}  # columns dictionary-encoded already (for masks), by column name
         self._full: dict[str, Codes] = {}
         self._groups: dict[tuple[str, ...], Groups] = {}
 
@@ -35,14 +37,16 @@ class BatchLabels:
         col = self._full.get(name)
         if col is None:
             if name == "status":
-                col = self.caps[name].codes(run_status(self.spans, self.err))
+                col = run_status_codes(self.caps[name], self.spans, self.err)
             elif name == "error_type":
                 col = self.caps[name].codes(error_types(self.spans, self.err))
             elif name == "legacy_model":  # the response model, else the requested one
                 col = self.caps["gen_ai_response_model"].codes(
                     pc.coalesce(self.spans.column("response_model"), self.spans.column("request_model")))
             else:
-                col = self.caps[name].codes(self.spans.column(COLUMN[name]))
+                column = COLUMN[name]
+                enc = self.encoded.get(column)
+                col = self.caps[name].codes(self.spans.column(column) if enc is None else enc)
             self._full[name] = col
         return col
 
@@ -65,9 +69,40 @@ class BatchLabels:
 
 
 def run_status(spans: pa.Table, err: pa.Array) -> pa.Array:
+    """A run's status: its ``agenttape.run.status``, else "error" when the span failed, else "completed"."""
     status = flat(spans.column("run_status"))
     fallback = pc.if_else(err, "error", "completed")
     return pc.coalesce(status, fallback)
+
+
+def run_status_codes(cap: LabelCap, spans: pa.Table, err: pa.Array) -> Codes:
+    """``cap.codes(run_status(spans, err))`` without building the strings of every row: the status
+    column (mostly null) is encoded, the fallback becomes two more codes, and the values are put in
+    the order they first appear, as encoding the whole column would."""
+    status = flat(spans.column("run_status"))
+    if not pa.types.is_string(status.type):
+        return cap.codes(run_status(spans, err))
+    enc = status.dictionary_encode()
+    values = enc.dictionary.to_pylist()
+    codes = enc.indices
+    codes = (pc.fill_null(codes, -1) if codes.null_count else codes).to_numpy(zero_copy_only=False)
+    codes = codes.astype(np.int64)
+    missing = codes < 0
+    if missing.any():
+        where = {v: i for i, v in enumerate(values)}
+        for v in ("error", "completed"):
+            if v not in where:
+                where[v] = len(values)
+                values.append(v)
+        codes[missing] = np.where(true_mask(err)[missing], where["error"], where["completed"])
+    n = len(codes)
+    first = np.full(len(values), n, dtype=np.int64)
+    first[codes[::-1]] = np.arange(n - 1, -1, -1, dtype=np.int64)  # each value's first row
+    present = np.flatnonzero(first < n)
+    order = present[np.argsort(first[present], kind="stable")]
+    renumber = np.zeros(len(values), dtype=np.int64)
+    renumber[order] = np.arange(len(order), dtype=np.int64)
+    return cap.encoded([values[i] for i in order.tolist()], renumber[codes])
 
 
 _ERROR_TYPE = r'"error\.type":\{"s":"(?P<t>(?:[^"\\]|\\.)*)"'
