@@ -147,9 +147,9 @@ def measure_sql(db: str, ids: dict[str, str], repeat: int) -> dict[str, tuple[fl
 def forget(tapes) -> None:
     """Drop what the read model keeps between requests (the runs' keys and the answers of a store version),
     so that the next request computes from the store, as the first one after a write does."""
-    from otel_agenttape.tape.read import listing
+    from otel_agenttape.tape.read import kept
 
-    listing._KEPT.clear()
+    kept._KEPT.clear()
     tapes._memo.clear()
 
 

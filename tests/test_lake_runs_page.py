@@ -17,7 +17,7 @@ import otel_agenttape  # noqa: E402
 from otel_agenttape import semconv  # noqa: E402
 from otel_agenttape.store.lake import LakePublisher  # noqa: E402
 from otel_agenttape.store.writer import Store  # noqa: E402
-from otel_agenttape.tape.read import index_keys, listing  # noqa: E402
+from otel_agenttape.tape.read import index_keys, run_rows  # noqa: E402
 
 T0 = 1_790_000_000_000_000_000
 SEC = 1_000_000_000
@@ -84,7 +84,7 @@ def test_lake_runs_pages_match_the_spans(tmp_path: Any) -> None:
         rows = tapes.reader.query("SELECT count(*) AS n FROM run_traces WHERE run_id = 'long'").to_pylist()
         assert rows == [{"n": 2}], "long's index rows are in two files"
         assert tapes.reader.query("SELECT count(*) AS n FROM spans WHERE run_id IS NULL").to_pylist()[0]["n"] > 0
-        assert not listing.has_foreign(tapes.reader), "tape checkpoints are not another source's spans"
+        assert not run_rows.has_foreign(tapes.reader), "tape checkpoints are not another source's spans"
         first = index_keys.first_page(tapes.reader, 4)
     assert first is not None, "the lake's run index is used"
     assert len(first[0]) == 5 and first[1] == 15

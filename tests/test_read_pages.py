@@ -17,7 +17,8 @@ from otel_agenttape.demo import run_demo
 from otel_agenttape.store.writer import Store
 from otel_agenttape.tape.load import _rows
 from otel_agenttape.tape.read import RunSummary
-from otel_agenttape.tape.read.listing import RUN_COLUMNS, Filters
+from otel_agenttape.tape.read.filters import Filters
+from otel_agenttape.tape.read.run_rows import RUN_COLUMNS
 
 
 def _spans(build) -> bytes:

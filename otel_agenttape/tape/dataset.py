@@ -90,7 +90,8 @@ def parse_since(text: str) -> int:
 
 def select_runs(reader: Reader, *, agent: str | None = None, model: str | None = None,
                 since_ns: int | None = None) -> Iterable[Run]:
-    from .read.listing import Filters, all_matching
+    from .read.filters import Filters
+    from .read.listing import all_matching
 
     picked = all_matching(reader, Filters(agent=agent, model=model, since=since_ns), oldest_first=True)
     for run in iter_runs(reader, [r.ref for r in picked]):

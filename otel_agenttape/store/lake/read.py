@@ -245,6 +245,6 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
     reader.run_index_view = RUN_TRACES  # type: ignore[attr-defined]
     # the views read the files listed when the reader was opened, and a lake file is never rewritten (a
     # DuckDB file is attached read-only): what the reader answers cannot change while it is open, so the
-    # read model keeps a runs page's keys under this version (listing.store_version)
+    # read model keeps a runs page's keys under this version (tape/read/kept.store_version)
     reader.fixed_version = sum(int(f.get("rows") or 0) for c in catalogs for f in c.files.values())  # type: ignore[attr-defined]
     return reader

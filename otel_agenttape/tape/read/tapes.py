@@ -17,7 +17,9 @@ from ..load import Reader
 from ..model import Run
 from ..rebuild import reconstruct, reconstruct_tree, run_span_keys
 from ..refs import RunNotFound, resolve
-from .listing import Filters, all_matching, as_ns, by_refs, page, store_version, trace_runs
+from .filters import Filters, as_ns
+from .kept import store_version
+from .listing import all_matching, by_refs, page, trace_runs
 from .otlp import spans_otlp
 from .steps import step_dicts
 from .summary import Page, RunSummary
@@ -59,7 +61,7 @@ class Tapes:
         self.close()
 
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
-        """``compute()``, kept under ``key`` until the store changes (``listing.store_version``: a DuckDB
+        """``compute()``, kept under ``key`` until the store changes (``kept.store_version``: a DuckDB
         store, which only ever gains spans); on a store without a version, computed every time. For
         answers that are not changed once returned (the console's JSON)."""
         version = store_version(self.reader)
