@@ -6,7 +6,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from ...store.runs_view import ours_has
+from ...store.run_keys import ours_has
 from ..dataset import parse_since
 
 

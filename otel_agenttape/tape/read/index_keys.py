@@ -3,7 +3,7 @@
 A lake's ``run_traces`` (``store.parquet.RUN_TRACES_SQL``) holds a row per run, trace and published
 batch, a DuckDB store's ``run_index`` (``store.ddl``) a row per run, trace and write: about a tenth of
 the spans' rows or fewer, and only the columns a page of runs is ordered by. Keys read
-from it follow the rules of ``store.runs_view.OURS_KEY_COLUMNS``: a run starts when its run span does
+from it follow the rules of ``store.run_keys.OURS_KEY_COLUMNS``: a run starts when its run span does
 (else its first span), and its spans start in ``[span_lo, span_hi]``.
 
 ``first_page`` answers the first page of a reader that has not read every run's keys yet (each

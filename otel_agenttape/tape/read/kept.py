@@ -8,7 +8,7 @@ import threading
 import weakref
 from typing import Any
 
-from ...store.runs_view import run_keys_select
+from ...store.run_keys import run_keys_select
 from ..load import Reader, _rows
 from . import index_keys
 from .filters import Filters

@@ -1,6 +1,6 @@
 """Every SQL string that reads runs: the filters of ``runs()``, one run by ref, a session's turns.
 
-They all read the one definition of a run (store/runs_view.py): a page orders, filters and counts the
+They all read the one definition of a run (store/runs_view.py, store/run_keys.py): a page orders, filters and counts the
 runs' keys (``run_keys_select``, the view's values from cheap columns) and then computes the ``runs``
 view's rows for the page's runs alone, from their traces; a ``parent=`` filter reads the whole view.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...store.runs_view import run_keys_select
+from ...store.run_keys import run_keys_select
 from ..load import Reader, _rows
 from . import index_keys
 from .filters import Filters

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...store.runs_view import HAS_FOREIGN, NOT_CHECKPOINT, ours_parent_refs, ours_runs_select, runs_select
+from ...store.run_keys import HAS_FOREIGN, NOT_CHECKPOINT, ours_parent_refs, ours_runs_select
+from ...store.runs_view import runs_select
 from ..load import Reader, _rows
 
 RUN_COLUMNS = (
