@@ -4,7 +4,6 @@ one receiver by trace id, as the Collector's load-balancing exporter does."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import otel_agenttape
+from otel_agenttape import semconv
 from otel_agenttape.cli import main as cli_main
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -33,6 +33,10 @@ class TraceRouter(SpanExporter):
     def __init__(self, urls: Sequence[str]) -> None:
         self.exporters = [OTLPSpanExporter(endpoint=f"{u}/v1/traces") for u in urls]
         self.sent: dict[int, set[str]] = {i: set() for i in range(len(urls))}
+        self._runs: dict[str, set[int]] = {}  # run id -> traces of its spans and of its child runs' spans
+
+    def traces_of(self, run_id: str) -> set[int]:
+        return self._runs.get(run_id, set())
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
         groups: dict[int, list[Any]] = {}
@@ -40,6 +44,9 @@ class TraceRouter(SpanExporter):
             i = s.context.trace_id % len(self.exporters)
             groups.setdefault(i, []).append(s)
             self.sent[i].add(f"{s.context.trace_id:032x}")
+            for key in (semconv.RUN_ID, semconv.PARENT_RUN_ID):
+                if (s.attributes or {}).get(key):
+                    self._runs.setdefault(str(s.attributes[key]), set()).add(s.context.trace_id)
         ok = all(self.exporters[i].export(g) == SpanExportResult.SUCCESS for i, g in groups.items())
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
@@ -90,19 +97,30 @@ def record(urls: Sequence[str]) -> dict[str, Any]:
     router = TraceRouter(urls)
     tape = otel_agenttape.setup(exporter=router, service_name="lake-tests")
     model, tools = ScriptedModel(), ScriptedTools()
-    children = []
+    solos: list[str] = []
     try:
-        with tape.run("coordinator", input="plan a trip") as coord:
-            for i in range(CHILDREN):
-                rid = f"child-{i}"
-                weather_agent(tape, model, tools, f"Weather in city {i}?", parent=coord.inject(),
-                              agent="specialist", run_id=rid)
-                children.append(rid)
-            coord.set_output("done")
-        solos = [f"solo-{i}" for i in range(SOLO_RUNS)]
-        for rid in solos:
+        for attempt in range(20):  # trace ids are random: until the children sit on another receiver
+            children = []
+            with tape.run("coordinator", input="plan a trip") as coord:
+                for i in range(CHILDREN):
+                    rid = f"child-{attempt}-{i}"
+                    weather_agent(tape, model, tools, f"Weather in city {i}?", parent=coord.inject(),
+                                  agent="specialist", run_id=rid)
+                    children.append(rid)
+                coord.set_output("done")
+            tape.force_flush()
+            traces = {f"{t:032x}" for t in router.traces_of(coord.run_id)}
+            homes = {i for i, sent in router.sent.items() if traces & sent}
+            if len(homes) > 1:
+                break
+            solos += [coord.run_id, *children]  # listed like any other run
+        n = 0
+        while n < SOLO_RUNS or not all(router.sent.values()):  # and until every receiver has a trace
+            rid = f"solo-{n}"
             weather_agent(tape, model, tools, "Weather in Oslo?", run_id=rid)
-        tape.force_flush()
+            solos.append(rid)
+            n += 1
+            tape.force_flush()
     finally:
         tape.shutdown()
     return {"coordinator": coord.run_id, "children": children, "solos": solos, "sent": router.sent}

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from integrity_support import encode, sealed_provider
+from pages_support import all_pages
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -39,21 +40,6 @@ def _spans(run_id: str, start: int, nodes: int, run_span: bool = True) -> list[A
     run.end(end_time=start + (nodes + 1) * SEC)
     provider.shutdown()
     return exporter.get_finished_spans()
-
-
-def _pages(source: str, limit: int) -> tuple[list[str], list[int]]:
-    """Every ref of every page, and each page's total, paging from a fresh reader."""
-    refs: list[str] = []
-    totals: list[int] = []
-    with otel_agenttape.open(source) as tapes:
-        cursor = None
-        while True:
-            page = tapes.runs(limit=limit, cursor=cursor)
-            refs += [r.ref for r in page.runs]
-            totals.append(page.total)
-            cursor = page.next_cursor
-            if cursor is None:
-                return refs, totals
 
 
 def test_lake_runs_pages_match_the_spans(tmp_path: Any) -> None:
@@ -90,10 +76,10 @@ def test_lake_runs_pages_match_the_spans(tmp_path: Any) -> None:
     assert len(first[0]) == 5 and first[1] == 15
 
     for limit in (1, 4, 7, 50):
-        lake_refs, lake_totals = _pages(lake, limit)
-        want_refs, want_totals = _pages(str(tmp_path / "single.duckdb"), limit)
+        lake_refs, lake_totals = all_pages(lake, limit)
+        want_refs, want_totals = all_pages(str(tmp_path / "single.duckdb"), limit)
         assert lake_refs == want_refs and lake_totals == want_totals, limit
-    refs, _ = _pages(lake, 3)
+    refs, _ = all_pages(lake, 3)
     ids = [r.split("@")[0] for r in refs]
     assert len(refs) == len(set(refs)) == 15
     assert ids[:5] == ["late", "long", "no-run-span", "run-09", "run-08"] and sorted(ids[5:7]) == ["tie-a", "tie-b"]

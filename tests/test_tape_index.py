@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 import pytest
+from pages_support import all_pages
 
 from otel_agenttape.store import parquet
 from otel_agenttape.store.queryapi import handle_query
@@ -154,31 +155,15 @@ def test_remote_reader_over_a_store_without_the_index(stores):
         local.close()
 
 
-def _pages(source, limit):
-    """Every ref and total of every runs page, paging from a fresh reader."""
-    import otel_agenttape
-
-    refs, totals = [], []
-    with otel_agenttape.open(source) as tapes:
-        cursor = None
-        while True:
-            page = tapes.runs(limit=limit, cursor=cursor)
-            refs += [r.ref for r in page.runs]
-            totals.append(page.total)
-            cursor = page.next_cursor
-            if cursor is None:
-                return refs, totals
-
-
 def test_runs_pages_from_the_index_match_the_spans_and_an_older_index_is_rebuilt(stores):
     from otel_agenttape.tape.read import index_keys
 
-    spans_only = {limit: _pages(stores["plain"], limit) for limit in (1, 4, 50)}
+    spans_only = {limit: all_pages(stores["plain"], limit) for limit in (1, 4, 50)}
     assert len(spans_only[50][0]) == 20
     with open_reader(stores["db"]) as r:
         assert index_keys.first_page(r, 4) is not None, "the store's run_index is used"
     for limit, want in spans_only.items():
-        assert _pages(stores["db"], limit) == want
+        assert all_pages(stores["db"], limit) == want
     # a store whose run_index was written before it held each run's trace, start and key
     old = str(stores["tmp"] / "old-index.duckdb")
     shutil.copy(stores["db"], old)
@@ -188,10 +173,10 @@ def test_runs_pages_from_the_index_match_the_spans_and_an_older_index_is_rebuilt
     con.close()
     with open_reader(old) as r:
         assert index_keys.first_page(r, 4) is None  # read from the spans instead
-    assert _pages(old, 4) == spans_only[4]
+    assert all_pages(old, 4) == spans_only[4]
     Store(old).close()  # a writer opening it indexes it again, with those columns
     with open_reader(old) as r:
         assert index_keys.first_page(r, 4) is not None
         assert _both(r, stores["ids"]) == _both(open_reader(stores["db"]), stores["ids"])
     for limit, want in spans_only.items():
-        assert _pages(old, limit) == want
+        assert all_pages(old, limit) == want
