@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_agenttape.capture.events import AgentEvent
-from otel_agenttape.capture.messages import convert_message, describe_response, map_finish_reason
+from otel_agenttape.codec.messages_record import convert_message, describe_response, map_finish_reason
 from otel_agenttape.capture.records import MODEL, TOOL, NodeRecord
 from otel_agenttape.capture.usage import Usage, parse_usage
 from otel_agenttape.codec.jsontext import to_plain

@@ -20,7 +20,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from otel_agenttape import semconv as sc
 from otel_agenttape.capture.events import AgentEvent
 from otel_agenttape.capture.fastspan import BareStart, set_valid_attributes
-from otel_agenttape.capture.messages import convert_messages, output_messages, system_instructions, tool_definitions
+from otel_agenttape.codec.messages_record import convert_messages, output_messages, system_instructions, tool_definitions
 from otel_agenttape.capture.nodes import ModelNode, ModelRequest, RunState, ToolNode
 from otel_agenttape.capture.records import MODEL, TOOL, NodeRecord
 from otel_agenttape.capture.redact import Redactor

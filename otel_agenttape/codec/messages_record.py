@@ -1,4 +1,4 @@
-"""Convert OpenAI / Anthropic / Gemini message shapes into the GenAI message schema.
+"""Convert OpenAI / Anthropic / Gemini message shapes into the GenAI message schema, as capture records them.
 
 GenAI schema: ``{"role": ..., "parts": [{"type": "text", "content": ...}, ...]}`` with part types
 ``text``, ``reasoning``, ``tool_call`` (id, name, arguments), ``tool_call_response`` (id, ``response``),
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from otel_agenttape.codec.jsontext import parse_structured_json, to_plain
+from .jsontext import parse_structured_json, to_plain
 
 _FINISH_MAP = {
     "tool_calls": "tool_call",
