@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 
 from otel_agenttape.codec.jsontext import parse_any_json, parse_structured_json
-from otel_agenttape.tape.content import to_messages, tool_definitions
-from otel_agenttape.tape.foreign import classify, truncated_keys, unflatten
+from otel_agenttape.codec.messages_flat import unflatten
+from otel_agenttape.codec.messages_read import to_messages, tool_definitions
+from otel_agenttape.tape.foreign import classify, truncated_keys
 from otel_agenttape.tape.load import SpanRow
 
 

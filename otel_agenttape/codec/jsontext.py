@@ -1,5 +1,6 @@
-"""JSON encoding of payloads (SDK objects become plain data, strings stay byte-exact), and JSON text parsed
-back: ``parse_structured_json`` when recording, ``parse_any_json`` when reading a tape."""
+"""JSON encoding of payloads (SDK objects become plain data, strings stay byte-exact) and of rebuilt tape values
+(``dump_json``), and JSON text parsed back: ``parse_structured_json`` when recording, ``parse_any_json`` when
+reading a tape."""
 
 from __future__ import annotations
 
@@ -56,6 +57,23 @@ def dumps(value: Any) -> str:
         return orjson.dumps(value).decode("utf-8")
     except TypeError:
         return orjson.dumps(value, default=json_default, option=_OPTS).decode("utf-8")
+
+
+def dump_json(value: Any) -> str:
+    """JSON text of a rebuilt tape value (what the commands print, and tool arguments and responses as message
+    text): objects with ``to_json()`` as that, bytes as base64, anything else as ``str``. ``dumps`` instead
+    writes recorded payloads, where SDK objects become plain data and the last resort is ``repr``."""
+    return orjson.dumps(value, default=_tape_default, option=orjson.OPT_NON_STR_KEYS).decode("utf-8")
+
+
+def _tape_default(obj: Any) -> Any:
+    if isinstance(obj, bytes):
+        import base64
+
+        return base64.b64encode(obj).decode("ascii")
+    if hasattr(obj, "to_json"):
+        return obj.to_json()
+    return str(obj)
 
 
 def payload_text(value: Any) -> str:

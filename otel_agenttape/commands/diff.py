@@ -7,7 +7,7 @@ import json
 
 from otel_agenttape.commands.errors import EXIT_FAILED, EXIT_OK
 from otel_agenttape.commands.sources import read
-from otel_agenttape.tape.content import dump_json
+from otel_agenttape.codec.jsontext import dump_json
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 import pyarrow as pa
 
-from otel_agenttape.tape.content import dump_json
+from otel_agenttape.codec.jsontext import dump_json
 
 _CELL = 60
 

@@ -9,7 +9,7 @@ from typing import Any
 from otel_agenttape.commands.errors import EXIT_OK
 from otel_agenttape.commands.output import short
 from otel_agenttape.commands.sources import read
-from otel_agenttape.tape.content import dump_json
+from otel_agenttape.codec.jsontext import dump_json
 
 
 def _print_run(doc: dict[str, Any], indent: str = "") -> None:

@@ -6,11 +6,12 @@ Everything here reads stored spans (ours or another instrumentation's) through a
 
 from __future__ import annotations
 
+from ..codec.messages_read import Message
 from ..resume.errors import RecordedToolError
 from .cassette import Cassette, ReplayModelClient, ReplayStream, ReplayToolExecutor
 from .dataset import DatasetResult, example, export_dataset
 from .diff import RunDiff, diff_runs
-from .model import Message, Node, Run, RunTree, Step, ToolCall, Usage
+from .model import Node, Run, RunTree, Step, ToolCall, Usage
 from .rebuild import iter_runs, reconstruct, reconstruct_tree
 from .refs import AmbiguousRunError, RunNotFound
 from .replay import (

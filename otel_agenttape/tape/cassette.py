@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..codec.jsontext import parse_any_json
+from ..codec.messages_read import to_messages
 from ..resume.errors import DivergenceError, RecordedToolError, UnrecordedCallError
 from ..resume.keys import request_diff
-from .content import to_messages
 from .model import Node, Run
 from .rebuild import reconstruct, reconstruct_tree
 from .replay import ModelResult, replay_model_mock, replay_tool_mock

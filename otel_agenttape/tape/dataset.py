@@ -15,9 +15,10 @@ from datetime import datetime, timezone
 from typing import IO, Any
 
 from .. import semconv as sc
-from .content import dump_json, openai_tools
+from ..codec.jsontext import dump_json
+from ..codec.messages_read import Message, openai_tools
 from .load import Reader
-from .model import Message, Run
+from .model import Run
 from .rebuild import iter_runs
 
 

@@ -13,13 +13,12 @@ import hashlib
 from typing import Any
 
 from .. import semconv as sc
-from ..codec.jsontext import parse_any_json
+from ..codec.jsontext import dump_json, parse_any_json
+from ..codec.messages_flat import indexed_list, legacy_messages, oi_messages, response_messages
+from ..codec.messages_read import Message, to_messages, tool_definitions
 from . import frameworks
-from .content import dump_json, to_messages, tool_definitions
 from .load import SpanRow
-from .model import Message, Node, Usage
-
-from .flattened import _indexed_list, _legacy_messages, _oi_messages, _response_messages, unflatten  # noqa: F401
+from .model import Node, Usage
 from .roles import (  # noqa: F401 - the role names are read as foreign.RUN, foreign.classify, ...
     MODEL,
     OTHER,
@@ -206,9 +205,9 @@ def _messages_of(a: dict[str, Any], genai_key: str, role: str, oi_prefix: str, l
     if a.get(genai_key) is not None:
         return to_messages(a[genai_key], role)
     if _is_indexed(a, oi_prefix):
-        return _oi_messages(a, oi_prefix)
+        return oi_messages(a, oi_prefix)
     if _is_indexed(a, legacy_prefix):
-        return _legacy_messages(a, legacy_prefix)
+        return legacy_messages(a, legacy_prefix, role)
     if from_logs:
         return from_logs
     if a.get(value_key) is not None:
@@ -236,7 +235,7 @@ def model_node(span: SpanRow) -> Node:
     if found is not None:
         node.input_messages = found
     found = _messages_of(a, sc.GEN_AI_OUTPUT_MESSAGES, "assistant", sc.OI_LLM_OUTPUT_MESSAGES + ".",
-                         sc.LEGACY_COMPLETION_PREFIX, log_outputs, sc.OI_OUTPUT_VALUE, _response_messages)
+                         sc.LEGACY_COMPLETION_PREFIX, log_outputs, sc.OI_OUTPUT_VALUE, response_messages)
     if found is not None:
         node.output_messages = found
 
@@ -279,11 +278,11 @@ def model_node(span: SpanRow) -> Node:
         node.tool_definitions = tool_definitions(a[sc.GEN_AI_TOOL_DEFINITIONS])
     elif _is_indexed(a, OI_LLM_TOOLS):
         node.tool_definitions = tool_definitions(
-            [parse_any_json((t.get("tool") or {}).get("json_schema")) for t in _indexed_list(a, OI_LLM_TOOLS)
+            [parse_any_json((t.get("tool") or {}).get("json_schema")) for t in indexed_list(a, OI_LLM_TOOLS)
              if isinstance(t, dict)]
         )
     elif _is_indexed(a, LLM_REQUEST_FUNCTIONS):
-        node.tool_definitions = tool_definitions(_indexed_list(a, LLM_REQUEST_FUNCTIONS))
+        node.tool_definitions = tool_definitions(indexed_list(a, LLM_REQUEST_FUNCTIONS))
     node.usage = usage_of(a)
     node.request = {
         k: a[k]
@@ -350,9 +349,9 @@ def run_content(span: SpanRow) -> tuple[list[Message], list[Message], str | None
     elif isinstance(a.get(sc.MODEL_OUTPUT_TEXT), str):
         outputs = [Message("assistant", [{"type": "text", "content": a[sc.MODEL_OUTPUT_TEXT]}])]
     elif a.get(sc.OI_OUTPUT_VALUE) is not None:
-        outputs = _response_messages(a[sc.OI_OUTPUT_VALUE])
+        outputs = response_messages(a[sc.OI_OUTPUT_VALUE])
     elif a.get(sc.TRACELOOP_ENTITY_OUTPUT) is not None:
-        outputs = _response_messages(a[sc.TRACELOOP_ENTITY_OUTPUT])
+        outputs = response_messages(a[sc.TRACELOOP_ENTITY_OUTPUT])
     agent = _first(a, sc.GEN_AI_AGENT_NAME, OI_AGENT_NAME) or span.agent_name
     if agent is None and str(a.get(sc.TRACELOOP_SPAN_KIND) or "").lower() in ("agent", "workflow"):
         agent = _first(a, sc.TRACELOOP_ENTITY_NAME, sc.TRACELOOP_WORKFLOW_NAME)

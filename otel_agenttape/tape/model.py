@@ -1,4 +1,4 @@
-"""The rebuilt views of a tape: messages, nodes, steps, runs and run trees.
+"""The rebuilt views of a tape: nodes, steps, runs and run trees (their messages are ``codec.messages_read.Message``).
 
 Everything here is plain data rebuilt from stored spans, so it can be printed, compared,
 serialized to the `replay --json` contract or turned into a training example without the
@@ -10,85 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .content import dump_json
-
-
-@dataclass
-class Message:
-    """One chat message in the GenAI message schema (``role`` plus typed ``parts``)."""
-
-    role: str
-    parts: list[dict[str, Any]] = field(default_factory=list)
-    name: str | None = None
-    finish_reason: str | None = None
-
-    @property
-    def text(self) -> str:
-        return "".join(
-            str(p.get("content") or "") for p in self.parts if p.get("type") == "text"
-        )
-
-    @property
-    def tool_calls(self) -> list[dict[str, Any]]:
-        return [p for p in self.parts if p.get("type") == "tool_call"]
-
-    @property
-    def tool_responses(self) -> list[dict[str, Any]]:
-        return [p for p in self.parts if p.get("type") == "tool_call_response"]
-
-    def content(self) -> str:
-        """The message as one string: its text, or for a tool message its response."""
-        if self.text or not self.tool_responses:
-            return self.text
-        return "".join(_as_text(p.get("response")) for p in self.tool_responses)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": self.role, "content": self.content()}
-        calls = self.tool_calls
-        if calls:
-            out["tool_calls"] = [
-                {"id": c.get("id"), "name": c.get("name"), "arguments": c.get("arguments")}
-                for c in calls
-            ]
-        responses = self.tool_responses
-        if responses and responses[0].get("id"):
-            out["tool_call_id"] = responses[0].get("id")
-        return out
-
-    def to_openai(self) -> list[dict[str, Any]]:
-        """OpenAI chat-format message(s); a tool message becomes one message per response."""
-        if self.role == "tool" or (self.tool_responses and not self.text):
-            return [
-                {
-                    "role": "tool",
-                    "tool_call_id": p.get("id") or "",
-                    "content": _as_text(p.get("response")),
-                }
-                for p in self.tool_responses
-            ] or [{"role": "tool", "tool_call_id": "", "content": self.text}]
-        msg: dict[str, Any] = {"role": self.role, "content": self.text}
-        if self.name:
-            msg["name"] = self.name
-        calls = self.tool_calls
-        if calls:
-            msg["content"] = self.text or None
-            msg["tool_calls"] = [
-                {
-                    "id": c.get("id") or f"call_{i}",
-                    "type": "function",
-                    "function": {"name": c.get("name"), "arguments": _as_text(c.get("arguments"))},
-                }
-                for i, c in enumerate(calls)
-            ]
-        return [msg]
-
-
-def _as_text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    return dump_json(value)
+from ..codec.messages_read import Message
 
 
 @dataclass

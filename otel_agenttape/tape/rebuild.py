@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import semconv as sc
+from ..codec.messages_read import Message
 from . import foreign
 from .load import (
     Reader,
@@ -24,7 +25,7 @@ from .load import (
     load_logs,
     load_traces,
 )
-from .model import Message, Node, Run, RunTree, Usage
+from .model import Node, Run, RunTree, Usage
 from .refs import AmbiguousRunError, Resolved, RunNotFound, resolve, split_ref
 from .stream import build_steps, tool_calls
 

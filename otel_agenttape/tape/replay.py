@@ -15,8 +15,8 @@ from typing import Any
 
 from .. import semconv as sc
 from ..codec.jsontext import parse_any_json
+from ..codec.messages_read import openai_tools, to_messages
 from ..resume.errors import RecordedToolError
-from .content import openai_tools, to_messages
 from .model import Node, ToolCall, Usage
 
 

@@ -1,40 +1,100 @@
-"""Content values as instrumentations write them, normalized to the GenAI message schema.
+"""Recorded content values read back as GenAI messages, and GenAI messages written in the OpenAI chat shape.
 
 Content arrives as JSON strings, as structured (kvlist/array) attribute values, in the GenAI
 parts shape (``role`` + ``parts``) or in the OpenAI chat shape (``role`` + ``content`` +
-``tool_calls``). These helpers accept all of them and give back plain Python values.
+``tool_calls``). ``to_messages`` accepts all of them and gives back ``Message`` values; ``messages_record``
+holds the other direction's rules (provider SDK shapes as capture records them).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
-import orjson
-
-from ..codec.jsontext import parse_any_json
-
-if TYPE_CHECKING:
-    from .model import Message
+from .jsontext import dump_json, parse_any_json
 
 
-def dump_json(value: Any) -> str:
-    return orjson.dumps(value, default=_default, option=orjson.OPT_NON_STR_KEYS).decode("utf-8")
+@dataclass
+class Message:
+    """One chat message in the GenAI message schema (``role`` plus typed ``parts``)."""
+
+    role: str
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    name: str | None = None
+    finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(
+            str(p.get("content") or "") for p in self.parts if p.get("type") == "text"
+        )
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return [p for p in self.parts if p.get("type") == "tool_call"]
+
+    @property
+    def tool_responses(self) -> list[dict[str, Any]]:
+        return [p for p in self.parts if p.get("type") == "tool_call_response"]
+
+    def content(self) -> str:
+        """The message as one string: its text, or for a tool message its response."""
+        if self.text or not self.tool_responses:
+            return self.text
+        return "".join(_as_text(p.get("response")) for p in self.tool_responses)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content()}
+        calls = self.tool_calls
+        if calls:
+            out["tool_calls"] = [
+                {"id": c.get("id"), "name": c.get("name"), "arguments": c.get("arguments")}
+                for c in calls
+            ]
+        responses = self.tool_responses
+        if responses and responses[0].get("id"):
+            out["tool_call_id"] = responses[0].get("id")
+        return out
+
+    def to_openai(self) -> list[dict[str, Any]]:
+        """OpenAI chat-format message(s); a tool message becomes one message per response."""
+        if self.role == "tool" or (self.tool_responses and not self.text):
+            return [
+                {
+                    "role": "tool",
+                    "tool_call_id": p.get("id") or "",
+                    "content": _as_text(p.get("response")),
+                }
+                for p in self.tool_responses
+            ] or [{"role": "tool", "tool_call_id": "", "content": self.text}]
+        msg: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.name:
+            msg["name"] = self.name
+        calls = self.tool_calls
+        if calls:
+            msg["content"] = self.text or None
+            msg["tool_calls"] = [
+                {
+                    "id": c.get("id") or f"call_{i}",
+                    "type": "function",
+                    "function": {"name": c.get("name"), "arguments": _as_text(c.get("arguments"))},
+                }
+                for i, c in enumerate(calls)
+            ]
+        return [msg]
 
 
-def _default(obj: Any) -> Any:
-    if isinstance(obj, bytes):
-        import base64
+def _as_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return dump_json(value)
 
-        return base64.b64encode(obj).decode("ascii")
-    if hasattr(obj, "to_json"):
-        return obj.to_json()
-    return str(obj)
 
 
 def to_messages(value: Any, default_role: str = "user") -> list[Message]:
     """Normalize a messages value (GenAI parts shape, OpenAI shape, JSON text, or plain text)."""
-    from .model import Message
-
     value = parse_any_json(value)
     if value is None or value == "":
         return []
@@ -66,8 +126,6 @@ def to_messages(value: Any, default_role: str = "user") -> list[Message]:
 
 
 def _one_message(item: dict[str, Any], default_role: str) -> Message:
-    from .model import Message
-
     role = str(item.get("role") or default_role)
     name = item.get("name")
     finish = item.get("finish_reason")

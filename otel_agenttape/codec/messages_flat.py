@@ -1,14 +1,12 @@
-"""Messages from the flattened conventions: OpenInference ``llm.*_messages.N.message.*`` attributes,
+"""GenAI messages read from the flattened conventions: OpenInference ``llm.*_messages.N.message.*`` attributes,
 OpenLLMetry's legacy ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*``, and provider response bodies."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .. import semconv as sc
-from ..codec.jsontext import parse_any_json
-from .content import to_messages
-from .model import Message
+from .jsontext import parse_any_json
+from .messages_read import Message, to_messages
 
 
 def unflatten(attrs: dict[str, Any], prefix: str) -> Any:
@@ -41,7 +39,7 @@ def _listify(value: Any) -> Any:
     return value
 
 
-def _indexed_list(attrs: dict[str, Any], prefix: str) -> list[Any]:
+def indexed_list(attrs: dict[str, Any], prefix: str) -> list[Any]:
     """Only the numbered entries under a prefix (``gen_ai.prompt.name`` is not a message)."""
     tree = unflatten(attrs, prefix)
     if isinstance(tree, list):
@@ -51,9 +49,10 @@ def _indexed_list(attrs: dict[str, Any], prefix: str) -> list[Any]:
     return []
 
 
-def _oi_messages(attrs: dict[str, Any], prefix: str) -> list[Message]:
+def oi_messages(attrs: dict[str, Any], prefix: str) -> list[Message]:
+    """OpenInference's ``llm.input_messages.N.message.*`` / ``llm.output_messages.N.message.*``."""
     raw = []
-    for entry in _indexed_list(attrs, prefix):
+    for entry in indexed_list(attrs, prefix):
         msg = entry.get("message") if isinstance(entry, dict) else None
         if not isinstance(msg, dict):
             continue
@@ -96,13 +95,14 @@ def _oi_messages(attrs: dict[str, Any], prefix: str) -> list[Message]:
     return to_messages(raw)
 
 
-def _legacy_messages(attrs: dict[str, Any], prefix: str) -> list[Message]:
+def legacy_messages(attrs: dict[str, Any], prefix: str, role: str) -> list[Message]:
+    """OpenLLMetry's ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*``; ``role`` where an entry names none."""
     raw = []
-    for entry in _indexed_list(attrs, prefix):
+    for entry in indexed_list(attrs, prefix):
         if not isinstance(entry, dict):
             continue
         item: dict[str, Any] = {
-            "role": entry.get("role") or ("assistant" if prefix == sc.LEGACY_COMPLETION_PREFIX else "user"),
+            "role": entry.get("role") or role,
             "content": entry.get("content"),
         }
         if entry.get("tool_call_id"):
@@ -116,7 +116,7 @@ def _legacy_messages(attrs: dict[str, Any], prefix: str) -> list[Message]:
     return to_messages(raw)
 
 
-def _response_messages(value: Any) -> list[Message]:
+def response_messages(value: Any) -> list[Message]:
     """Output messages from a provider response body (OpenAI chat shape or plain text)."""
     value = parse_any_json(value)
     if isinstance(value, dict) and isinstance(value.get("choices"), list):
