@@ -83,10 +83,9 @@ def crash_lake(request: Any, tmp_path: Any, monkeypatch: Any) -> dict[str, Any]:
     _make_bucket(endpoint, bucket)
     for k, v in _s3_env(endpoint).items():
         monkeypatch.setenv(k, v)  # this process reads the lake too
-    staging = tmp_path / "staging"
-    staging.mkdir()
-    env.update(_s3_env(endpoint), TMPDIR=str(staging))  # a file is written there, then uploaded whole
-    return {"uri": f"s3://{bucket}/lake", "env": env, "staging": str(staging)}
+    env.update(_s3_env(endpoint))
+    # a file is written beside the receiver's store (the test's r0.duckdb), then uploaded whole
+    return {"uri": f"s3://{bucket}/lake", "env": env, "staging": str(tmp_path / "r0.duckdb.lake-staging")}
 
 
 def test_kill_9_mid_publish_then_restart(crash_lake: dict[str, Any], tmp_path: Any) -> None:
@@ -108,9 +107,12 @@ def test_kill_9_mid_publish_then_restart(crash_lake: dict[str, Any], tmp_path: A
             if caught_pending >= 2:
                 break
     assert caught_pending >= 1, "no kill landed while a batch was pending"
-    # restart on the same DuckDB file: the pending batch is published again under the same names
+    assert _staged(staging), "the kills left staged files behind"
+    # restart on the same DuckDB file: the pending batch is published again under the same names, and
+    # the staged files the kills left are removed
     rec = Receiver(db, uri, "r0", env, interval=0.05, max_spans=4000).start()
     rec.stop()
+    assert _staged(staging) == set()
     state = _lake_state(uri)
     assert state["problems"] == []
     assert state["spans"] == state["distinct"] == sent

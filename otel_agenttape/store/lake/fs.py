@@ -66,6 +66,9 @@ class LakeFS:
     fs: pafs.FileSystem
     base: str
     uri: str
+    # where a file for an object store is written before its upload (default: the temp folder); a
+    # receiver gives its own, and clears what a crash left there when it starts (``clear_staged``)
+    staging: str | None = None
 
     @property
     def local(self) -> bool:
@@ -133,7 +136,9 @@ class LakeFS:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
             return
-        fd, tmp = tempfile.mkstemp(prefix="agenttape-lake-", suffix=".tmp")
+        if self.staging:
+            os.makedirs(self.staging, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix="agenttape-lake-", suffix=".tmp", dir=self.staging)
         os.close(fd)
         try:
             yield tmp
@@ -145,6 +150,30 @@ class LakeFS:
                 raise LakeError(f"cannot write {self.uri}/{key}: {exc}") from exc
         finally:
             os.unlink(tmp)
+
+    def clear_staged(self, prefix: str, own: str = "") -> int:
+        """Remove the staged files a killed writer left: those of ``staging`` (an object store), or in a
+        local lake the hidden ``.{prefix}*.tmp`` files of its folders and every ``.tmp`` file of the
+        folder ``own`` (the writer's files alone are named so: another's file in flight is left alone).
+        Returns how many went."""
+        gone = 0
+        if self.local:
+            mine = os.path.normpath(self.path(own)) if own else None
+            walk = ((d, [n for n in names if n.endswith(".tmp") and (
+                n.startswith(f".{prefix}") or os.path.normpath(d) == mine)]) for d, _, names in os.walk(self.base))
+        elif self.staging and os.path.isdir(self.staging):
+            walk = iter([(self.staging, [n for n in os.listdir(self.staging)
+                                         if n.startswith("agenttape-lake-") and n.endswith(".tmp")])])
+        else:
+            return 0
+        for folder, names in walk:
+            for name in names:
+                try:
+                    os.unlink(os.path.join(folder, name))
+                    gone += 1
+                except FileNotFoundError:
+                    pass
+        return gone
 
     def delete(self, key: str) -> bool:
         """Remove one file; False if it was already gone."""

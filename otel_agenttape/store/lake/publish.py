@@ -91,6 +91,12 @@ class LakePublisher:
         self._con = store.cursor()
         self._con.execute(PUBLICATIONS_DDL)
         self._check_id()
+        path = getattr(store, "path", None)
+        if not self.lake.local and path and path != ":memory:":
+            self.lake.staging = f"{path}.lake-staging"  # beside the store: cleared after a crash
+        left = self.lake.clear_staged(f"{self.receiver}-", own=mf.entry_key(self.receiver, 0).rsplit("/", 1)[0])
+        if left:
+            log.info("removed %d staged lake file(s) a stopped receiver %s left", left, self.receiver)
 
     # -- cursor -------------------------------------------------------------------------------
     def _rows(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
