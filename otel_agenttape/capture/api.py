@@ -256,7 +256,50 @@ class Run:
                           step, agent=self.agent, **fields)
 
 
-class ModelCall:
+class _NodeCall:
+    """What a model call and a tool call share: the start event's span opens under the run's node parent and is
+    current inside the block; on exit the end event is sent and the span closed. Capture's own failures are
+    counted as ``api_errors``, never raised. Subclasses say which events (``_start_event``, ``_end_event``)."""
+
+    run: Run
+    step: int | None
+    turn_id: str | None
+    span: Any
+    error: str | None
+    _scope: _Scope
+    _pair: str | None = None  # pairs a tool call without an id with its result
+
+    def _start_event(self) -> AgentEvent:
+        raise NotImplementedError
+
+    def _end_event(self) -> AgentEvent:
+        raise NotImplementedError
+
+    def _open(self) -> None:
+        try:
+            self.span = self.run.listener.dispatch(self._start_event(), context=self.run._node_parent(),
+                                                   pair=self._pair)
+            self.run._node_opened(self.span)
+            self._scope.enter(self.span)
+        except Exception:
+            self.run.listener.stats.incr("api_errors")
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is not None:
+            self.error = _error_text(exc)
+        try:
+            self.run.listener.dispatch(self._end_event(), pair=self._pair)
+        except Exception:
+            self.run.listener.stats.incr("api_errors")
+        self.run._node_closed(self.span)
+        self._scope.exit()
+        return False
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+
+class ModelCall(_NodeCall):
     """``with run.model_call(model=..., messages=...) as call:`` then delta/reasoning/retry/finish."""
 
     def __init__(self, run: Run, model: str | None, messages: Any, *, provider: str | None, system: Any,
@@ -288,21 +331,24 @@ class ModelCall:
     def __enter__(self) -> "ModelCall":
         if self.step is None:
             self.step = self.run.next_step()
+        self._open()
+        return self
+
+    async def __aenter__(self) -> "ModelCall":
+        return self.__enter__()
+
+    def _start_event(self) -> AgentEvent:
         payload: dict[str, Any] = {"model": self.model, "messages": self.messages}
         if self.system is not None:
             payload["system"] = self.system
         if self.tools is not None:
             payload["tools"] = self.tools
         payload.update(self.params)
-        try:
-            event = self.run._event(EventType.MODEL_REQUEST, self.step, self.turn_id, payload=payload,
-                                    model=self.model, provider=self.provider, attributes=self.attributes)
-            self.span = self.run.listener.dispatch(event, context=self.run._node_parent())
-            self.run._node_opened(self.span)
-            self._scope.enter(self.span)
-        except Exception:
-            self.run.listener.stats.incr("api_errors")
-        return self
+        return self.run._event(EventType.MODEL_REQUEST, self.step, self.turn_id, payload=payload,
+                               model=self.model, provider=self.provider, attributes=self.attributes)
+
+    def _end_event(self) -> AgentEvent:
+        return self.run._event(EventType.STEP_END, self.step, self.turn_id, error=self.error)
 
     def delta(self, text: str, raw: Any = None) -> None:
         """One streamed chunk: text is concatenated, a non-empty raw chunk replaces the previous one."""
@@ -334,25 +380,9 @@ class ModelCall:
             details = {k: v for k, v in details.items() if v is not None}
         self._send(EventType.MODEL_RESPONSE, text=text, payload=raw, usage=usage, details=details)
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is not None:
-            self.error = _error_text(exc)
-        try:
-            self._send(EventType.STEP_END, error=self.error)
-        except Exception:
-            self.run.listener.stats.incr("api_errors")
-        self.run._node_closed(self.span)
-        self._scope.exit()
-        return False
-
-    async def __aenter__(self) -> "ModelCall":
-        return self.__enter__()
-
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        return self.__exit__(exc_type, exc, tb)
 
 
-class ToolCall:
+class ToolCall(_NodeCall):
     """``with run.tool_call("search", {"q": ...}, call_id=...) as tool: tool.result(value)``."""
 
     def __init__(self, run: Run, name: str, arguments: Any, *, call_id: str | None, step: int | None,
@@ -381,32 +411,17 @@ class ToolCall:
         if self.call_id is None:
             # Parallel calls of one tool without ids must still pair with their own results.
             self._pair = f"{self.name}#{next(self.run._unnamed)}"
-        try:
-            event = self.run._event(EventType.TOOL_CALL, self.step, self.turn_id, payload=self.arguments,
-                                    tool_name=self.name, call_id=self.call_id, attributes=self.attributes)
-            self.span = self.run.listener.dispatch(event, context=self.run._node_parent(), pair=self._pair)
-            self.run._node_opened(self.span)
-            self._scope.enter(self.span)
-        except Exception:
-            self.run.listener.stats.incr("api_errors")
+        self._open()
         return self
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is not None:
-            self.error = _error_text(exc)
-        try:
-            event = self.run._event(EventType.TOOL_RESULT, self.step, self.turn_id, payload=self.value,
-                                    tool_name=self.name, call_id=self.call_id, error=self.error)
-            self.run.listener.dispatch(event, pair=self._pair)
-        except Exception:
-            self.run.listener.stats.incr("api_errors")
-        self.run._node_closed(self.span)
-        self._scope.exit()
-        return False
 
     async def __aenter__(self) -> "ToolCall":
         return self.__enter__()
 
-    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        return self.__exit__(exc_type, exc, tb)
+    def _start_event(self) -> AgentEvent:
+        return self.run._event(EventType.TOOL_CALL, self.step, self.turn_id, payload=self.arguments,
+                               tool_name=self.name, call_id=self.call_id, attributes=self.attributes)
+
+    def _end_event(self) -> AgentEvent:
+        return self.run._event(EventType.TOOL_RESULT, self.step, self.turn_id, payload=self.value,
+                               tool_name=self.name, call_id=self.call_id, error=self.error)
 
