@@ -298,23 +298,23 @@ def tool_node(span: SpanRow) -> Node:
     a = span.attrs
     node.tool_name = _first(a, sc.GEN_AI_TOOL_NAME, sc.OI_TOOL_NAME, sc.TRACELOOP_ENTITY_NAME) or span.name
     node.tool_call_id = _first(a, sc.GEN_AI_TOOL_CALL_ID, sc.OI_TOOL_ID)
-    if sc.GEN_AI_TOOL_CALL_ARGUMENTS in a:
-        node.arguments = parse_any_json(a[sc.GEN_AI_TOOL_CALL_ARGUMENTS])
-    elif sc.OI_INPUT_VALUE in a:
-        node.arguments = parse_any_json(a[sc.OI_INPUT_VALUE])
-    elif sc.TRACELOOP_ENTITY_INPUT in a:
-        node.arguments = _traceloop_input(a[sc.TRACELOOP_ENTITY_INPUT])
-    if sc.GEN_AI_TOOL_CALL_RESULT in a:
-        node.result = parse_any_json(a[sc.GEN_AI_TOOL_CALL_RESULT])
-    elif sc.OI_OUTPUT_VALUE in a:
-        node.result = parse_any_json(a[sc.OI_OUTPUT_VALUE])
-    elif sc.TRACELOOP_ENTITY_OUTPUT in a:
-        node.result = parse_any_json(a[sc.TRACELOOP_ENTITY_OUTPUT])
+    node.arguments = _read_first(a, sc.GEN_AI_TOOL_CALL_ARGUMENTS, sc.OI_INPUT_VALUE, sc.TRACELOOP_ENTITY_INPUT,
+                                 last=_traceloop_input)
+    node.result = _read_first(a, sc.GEN_AI_TOOL_CALL_RESULT, sc.OI_OUTPUT_VALUE, sc.TRACELOOP_ENTITY_OUTPUT)
     err = a.get(sc.TOOL_ERROR)
     if err is None and span.status_code == 2:
         err = span.status_message or a.get(sc.ERROR_TYPE) or "error"
     node.tool_error = None if err is None else str(err)
     return node
+
+
+def _read_first(a: dict[str, Any], *keys: str, last: Any = parse_any_json) -> Any:
+    """The value of the first of ``keys`` present, parsed as JSON text (the last key's by ``last``); None when
+    none is."""
+    for key in keys:
+        if key in a:
+            return (last if key == keys[-1] else parse_any_json)(a[key])
+    return None
 
 
 def _traceloop_input(value: Any) -> Any:
