@@ -10,7 +10,7 @@ from otel_agenttape.store import samples
 from otel_agenttape.store.writer import Store
 from otel_agenttape.tape import iter_runs
 from otel_agenttape.tape.read import Tapes
-from otel_agenttape.tape.dataset import parse_since
+from otel_agenttape.tape.read.filters import parse_since
 
 T = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 MIN = 60 * 1_000_000_000

@@ -13,7 +13,7 @@ from otel_agenttape.commands.sources import read
 
 def run(args: argparse.Namespace) -> int:
     """Export completed runs as OpenAI chat fine-tuning JSONL; skipped runs are counted by reason."""
-    from otel_agenttape.tape.dataset import parse_since
+    from otel_agenttape.tape.read.filters import parse_since
 
     try:
         since = parse_since(args.since) if args.since else None

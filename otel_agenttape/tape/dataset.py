@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import IO, Any
 
 from .. import semconv as sc
@@ -72,21 +71,6 @@ def example(run: Run) -> dict[str, Any]:
     if run.tool_definitions:
         out["tools"] = openai_tools(run.tool_definitions)
     return out
-
-
-def parse_since(text: str) -> int:
-    """An ISO date or time (UTC when no zone is given), or nanoseconds since the epoch (17 digits or
-    more: fewer digits would be seconds or milliseconds read as nanoseconds, matching everything)."""
-    text = text.strip()
-    if text.isdigit() and len(text) != 8:  # 8 digits: an ISO basic date, 20261130
-        if len(text) < 17:
-            raise ValueError(f"{text!r}: give an ISO date or time (2026-11-30, 2026-11-30T12:00Z) "
-                             "or nanoseconds since the epoch")
-        return int(text)
-    when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return int(when.timestamp() * 1_000_000_000)
 
 
 def select_runs(reader: Reader, *, agent: str | None = None, model: str | None = None,

@@ -7,7 +7,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...store.run_keys import ours_has
-from ..dataset import parse_since
+
+
+def parse_since(text: str) -> int:
+    """An ISO date or time (UTC when no zone is given), or nanoseconds since the epoch (17 digits or
+    more: fewer digits would be seconds or milliseconds read as nanoseconds, matching everything)."""
+    text = text.strip()
+    if text.isdigit() and len(text) != 8:  # 8 digits: an ISO basic date, 20261130
+        if len(text) < 17:
+            raise ValueError(f"{text!r}: give an ISO date or time (2026-11-30, 2026-11-30T12:00Z) "
+                             "or nanoseconds since the epoch")
+        return int(text)
+    when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return int(when.timestamp() * 1_000_000_000)
 
 
 def as_ns(value: Any, name: str) -> int | None:
