@@ -9,9 +9,8 @@ bools as ``true``/``false``, arrays and kvlists as their typed JSON.
 from __future__ import annotations
 
 from otel_agenttape import semconv as sc
-from otel_agenttape.store.runs_view import RUNS, SPAN_ROLES
-
-MODEL_OPS_SQL = ", ".join(f"'{op}'" for op in sorted(sc.MODEL_OPERATIONS))
+# the model operations' SQL list and the json_extract paths of attribute keys: one rule for both view modules
+from otel_agenttape.store.runs_view import MODEL_OPS_SQL, RUNS, SPAN_ROLES, _paths
 
 
 def _typed_text(expr: str) -> str:
@@ -19,10 +18,6 @@ def _typed_text(expr: str) -> str:
         f"coalesce({expr}->>'s', {expr}->>'i', {expr}->>'d', {expr}->>'bool', "
         f"CASE WHEN {expr} IS NOT NULL AND {expr}::VARCHAR <> '{{}}' THEN {expr}::VARCHAR END)"
     )
-
-
-def _paths(keys: list[str]) -> str:
-    return "[" + ", ".join(f"'$.\"{k}\"'" for k in keys) + "]"
 
 
 _NODE_KEYS = [
