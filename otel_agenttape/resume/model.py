@@ -202,6 +202,13 @@ class ResumableModelClient:
             return self.client
         raise TypeError(f"model client has none of {names}")
 
+    def _record(self, c: Call, node: Any, result: Any) -> None:
+        """Commit a live call's result to the journal, then put it on the model span."""
+        encoded = to_jsonable(self.encode(result))
+        self.index.record_result(c, encoded)
+        node.finish(raw=encoded, text=plain_text(encoded))
+        mark_result(node, encoded)
+
     def create(self, request: Any, *, call: Callable[[], Any] | None = None) -> Any:
         """The recorded result on a hit; otherwise call the model, record, and return its result."""
         c = self.index.begin(MODEL, request)
@@ -210,15 +217,15 @@ class ResumableModelClient:
                 return self.decode(c.entry.result)  # type: ignore[union-attr]
             with model_node(self.run, c) as node:
                 result = call() if call is not None else self._fn("create")(request)
-                encoded = to_jsonable(self.encode(result))
-                self.index.record_result(c, encoded)
-                node.finish(raw=encoded, text=plain_text(encoded))
-                mark_result(node, encoded)
+                self._record(c, node, result)
             return result
         finally:
             self.index.end(c)
 
     async def acreate(self, request: Any, *, call: Callable[[], Any] | None = None) -> Any:
+        """``create`` for a client whose call may be a coroutine function."""
+        # The twin of create with the result awaited: one body cannot serve both (create must run without an
+        # event loop); the shared step is _record.
         c = self.index.begin(MODEL, request)
         try:
             if c.hit:
@@ -227,10 +234,7 @@ class ResumableModelClient:
                 result = call() if call is not None else self._fn("acreate", "create")(request)
                 if inspect.isawaitable(result):
                     result = await result
-                encoded = to_jsonable(self.encode(result))
-                self.index.record_result(c, encoded)
-                node.finish(raw=encoded, text=plain_text(encoded))
-                mark_result(node, encoded)
+                self._record(c, node, result)
             return result
         finally:
             self.index.end(c)
