@@ -86,3 +86,24 @@ def test_lake_runs_pages_match_the_spans(tmp_path: Any) -> None:
     with otel_agenttape.open(lake) as tapes:
         long = [r for r in tapes.runs(limit=50).runs if r.run_id == "long"][0]
         assert long.start_ns == T0 + 200 * SEC
+
+
+def test_a_first_page_cut_inside_many_runs_that_start_together(tmp_path: Any) -> None:
+    """Eight runs start at one instant: the first page's newest runs tie beyond what one pass keeps, and
+    the order by ref still matches the spans'."""
+    lake = str(tmp_path / "lake")
+    hot = Store(str(tmp_path / "r1.duckdb"))
+    single = Store(str(tmp_path / "single.duckdb"))
+    try:
+        for spans in [_spans(f"same-{i}", T0 + 9 * SEC, 1) for i in range(8)] + [_spans("older", T0, 1)]:
+            hot.write_traces([encode(spans)])
+            single.write_traces([encode(spans)])
+        LakePublisher(hot, lake, "r1").publish_all()
+    finally:
+        hot.close()
+        single.close()
+    with otel_agenttape.open(lake) as tapes:
+        keys, total = index_keys.first_page(tapes.reader, 2)
+    assert total == 9 and len(keys) == 3
+    for limit in (1, 2, 3, 8):
+        assert all_pages(lake, limit) == all_pages(str(tmp_path / "single.duckdb"), limit), limit

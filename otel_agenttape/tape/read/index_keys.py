@@ -60,21 +60,16 @@ def all_keys(reader: Reader) -> Any | None:
 def first_page(reader: Reader, limit: int) -> tuple[list[dict[str, Any]], int] | None:
     """The ``limit + 1`` newest runs' keys and the count of all runs, or None without a usable index.
 
-    The runs that start no later than the ``limit + 1``-th newest (ties included) are read by key, then
-    their ids, and ordered by start and ref exactly as every other page is. Two runs with one key (an
+    The runs that start no earlier than the ``limit + 1``-th newest (ties included) are read by key,
+    then their ids, and ordered by start and ref exactly as every other page is. Two runs with one key (an
     MD5 collision) would show as one id per key too many: then the spans are read instead."""
     index = _index(reader)
     if index is None:
         return None
     want = limit + 1
-    top = _rows(reader, (
-        f"WITH g AS MATERIALIZED ({_BY_KEY.format(index=index)}) "
-        "SELECT *, (SELECT count(*) FROM g) AS total FROM g WHERE start_time_unix_nano >= "
-        "(SELECT min(start_time_unix_nano) FROM (SELECT start_time_unix_nano FROM g "
-        "ORDER BY start_time_unix_nano DESC LIMIT ?))"), [want])
+    top, total = _newest(reader, index, want)
     if not top:
-        return [], 0
-    total = int(top[0]["total"])
+        return [], total
     # the ids, from the spans these runs' spans start among (spans are stored in time order, so the
     # window reads a few row groups; the index is in id order and would be read whole)
     his = ", ".join(str(h) for h in sorted({int(r["run_key_hi"]) for r in top}))
@@ -96,3 +91,22 @@ def first_page(reader: Reader, limit: int) -> tuple[list[dict[str, Any]], int] |
                      "span_hi": r["span_hi"]})
     keys.sort(key=lambda k: (k["start_time_unix_nano"], k["ref"]), reverse=True)
     return keys[:want], total
+
+
+def _newest(reader: Reader, index: str, want: int) -> tuple[list[dict[str, Any]], int]:
+    """The runs (by key) that start no earlier than the ``want``-th newest, ties included, and the count
+    of all runs: one pass over the grouped index keeping the ``2 * want`` newest (``max_by``); only when
+    the ``want``-th ties with the last one kept is the grouping read again for every tie."""
+    row = _rows(reader, (
+        f"WITH g AS ({_BY_KEY.format(index=index)}) SELECT count(*) AS total, max_by({{'run_key_hi': run_key_hi, "
+        "'run_key_lo': run_key_lo, 'start_time_unix_nano': start_time_unix_nano, 'span_lo': span_lo, "
+        "'span_hi': span_hi}, start_time_unix_nano, ?) AS top FROM g"), [2 * want])[0]
+    total, top = int(row["total"]), list(row["top"] or [])
+    if len(top) <= want:
+        return top, total
+    top.sort(key=lambda r: r["start_time_unix_nano"], reverse=True)
+    edge = top[want - 1]["start_time_unix_nano"]
+    if top[-1]["start_time_unix_nano"] < edge:
+        return [r for r in top if r["start_time_unix_nano"] >= edge], total
+    return _rows(reader, f"SELECT * FROM ({_BY_KEY.format(index=index)}) g WHERE start_time_unix_nano >= ?",
+                 [edge]), total
