@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 
 from otel_agenttape.codec.jsontext import parse_any_json, parse_structured_json
-from otel_agenttape.codec.messages_flat import unflatten
-from otel_agenttape.codec.messages_read import to_messages, tool_definitions
+from otel_agenttape.codec.messages_flat import choice_messages, event_messages, unflatten
+from otel_agenttape.codec.messages_read import system_messages, to_messages, tool_definitions
 from otel_agenttape.tape.foreign import classify, truncated_keys
 from otel_agenttape.tape.load import SpanRow
 
@@ -54,6 +54,18 @@ def test_messages_in_genai_openai_and_parts_shapes():
     assert openai[0].to_openai() == [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x":1}'}}]}]
     assert openai[1].to_openai() == [{"role": "tool", "tool_call_id": "c1", "content": '{"ok":true}'}]
+
+
+def test_system_instructions_and_legacy_event_bodies():
+    assert system_messages(None) == []
+    assert [(m.role, m.text) for m in system_messages('[{"role":"user","content":"Be brief."}]')] == [
+        ("system", "Be brief.")]
+    tool = event_messages("tool", {"content": "57F", "id": "c1"})
+    assert [(m.role, m.tool_responses) for m in tool] == [
+        ("tool", [{"type": "tool_call_response", "id": "c1", "response": "57F"}])]
+    assert [(m.role, m.text) for m in event_messages("user", "hi")] == [("user", "hi")]
+    choice = choice_messages({"message": {"content": "done"}, "finish_reason": "stop"})
+    assert [(m.role, m.text, m.finish_reason) for m in choice] == [("assistant", "done", "stop")]
 
 
 def test_tool_definitions_in_both_shapes():

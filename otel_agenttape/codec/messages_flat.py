@@ -1,5 +1,6 @@
-"""GenAI messages read from the flattened conventions: OpenInference ``llm.*_messages.N.message.*`` attributes,
-OpenLLMetry's legacy ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*``, and provider response bodies."""
+"""GenAI messages read from the flattened and legacy conventions: OpenInference ``llm.*_messages.N.message.*``
+attributes, OpenLLMetry's legacy ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*``, the older per-message log
+events' bodies, and provider response bodies."""
 
 from __future__ import annotations
 
@@ -114,6 +115,31 @@ def legacy_messages(attrs: dict[str, Any], prefix: str, role: str) -> list[Messa
             item["finish_reason"] = entry["finish_reason"]
         raw.append(item)
     return to_messages(raw)
+
+
+def event_messages(role: str, body: Any) -> list[Message]:
+    """The body of an older per-message log event (``gen_ai.user.message`` and its kin) as a ``role`` message."""
+    item: dict[str, Any] = {"role": role}
+    if isinstance(body, dict):
+        item["content"] = body.get("content")
+        if body.get("tool_calls"):
+            item["tool_calls"] = body["tool_calls"]
+        if role == "tool":
+            item["tool_call_id"] = body.get("id") or ""
+    elif body is not None:
+        item["content"] = body
+    return to_messages([item])
+
+
+def choice_messages(body: dict[str, Any]) -> list[Message]:
+    """The body of an older ``gen_ai.choice`` log event: its message (the assistant's unless it names a role)
+    with the choice's finish reason."""
+    msg = dict(body.get("message") or {})
+    msg.setdefault("role", "assistant")
+    out = to_messages([msg], "assistant")
+    for m in out:
+        m.finish_reason = body.get("finish_reason")
+    return out
 
 
 def response_messages(value: Any) -> list[Message]:

@@ -125,6 +125,17 @@ def to_messages(value: Any, default_role: str = "user") -> list[Message]:
     return [Message(role=default_role, parts=[{"type": "text", "content": str(value)}])]
 
 
+def system_messages(value: Any) -> list[Message]:
+    """System instructions (``gen_ai.system_instructions``, any shape ``to_messages`` reads) as ``system``
+    messages, whatever role a message names; none for None."""
+    if value is None:
+        return []
+    out = to_messages(value, "system")
+    for m in out:
+        m.role = "system"
+    return out
+
+
 def _one_message(item: dict[str, Any], default_role: str) -> Message:
     role = str(item.get("role") or default_role)
     name = item.get("name")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..codec.jsontext import parse_any_json
-from ..codec.messages_read import to_messages
+from ..codec.messages_read import system_messages, to_messages
 from ..resume.errors import DivergenceError, RecordedToolError, UnrecordedCallError
 from ..resume.keys import request_diff
 from .model import Node, Run
@@ -63,9 +63,7 @@ def _request_messages(request: Any) -> list[dict[str, Any]]:
     if isinstance(request, dict) and ("messages" in request or "system" in request or "input" in request):
         messages = request.get("messages", request.get("input"))
         system = request.get("system", request.get("instructions"))
-    out = to_messages(system, "system") if system else []
-    for m in out:
-        m.role = "system"
+    out = system_messages(system or None)  # an empty system value is no message
     out += to_messages(messages)
     return [_comparable(m.to_json()) for m in out]
 

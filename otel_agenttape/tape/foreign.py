@@ -14,8 +14,15 @@ from typing import Any
 
 from .. import semconv as sc
 from ..codec.jsontext import dump_json, parse_any_json
-from ..codec.messages_flat import indexed_list, legacy_messages, oi_messages, response_messages
-from ..codec.messages_read import Message, to_messages, tool_definitions
+from ..codec.messages_flat import (
+    choice_messages,
+    event_messages,
+    indexed_list,
+    legacy_messages,
+    oi_messages,
+    response_messages,
+)
+from ..codec.messages_read import Message, system_messages, to_messages, tool_definitions
 from . import frameworks
 from .load import SpanRow
 from .model import Node, Usage
@@ -77,23 +84,9 @@ def _from_logs(span: SpanRow) -> tuple[dict[str, Any], list[Message], list[Messa
                 for k, v in body.items():
                     details.setdefault(k, v)
         elif name in _LEGACY_EVENTS:
-            role = _LEGACY_EVENTS[name]
-            item: dict[str, Any] = {"role": role}
-            if isinstance(body, dict):
-                item["content"] = body.get("content")
-                if body.get("tool_calls"):
-                    item["tool_calls"] = body["tool_calls"]
-                if role == "tool":
-                    item["tool_call_id"] = body.get("id") or ""
-            elif body is not None:
-                item["content"] = body
-            inputs.extend(to_messages([item]))
+            inputs.extend(event_messages(_LEGACY_EVENTS[name], body))
         elif name == sc.EVENT_CHOICE and isinstance(body, dict):
-            msg = dict(body.get("message") or {})
-            msg.setdefault("role", "assistant")
-            for m in to_messages([msg], "assistant"):
-                m.finish_reason = body.get("finish_reason")
-                outputs.append(m)
+            outputs.extend(choice_messages(body))
     return details, inputs, outputs
 
 
@@ -225,10 +218,7 @@ def model_node(span: SpanRow) -> Node:
         _first(a, sc.GEN_AI_RESPONSE_MODEL, sc.OI_LLM_RESPONSE_MODEL_NAME, sc.OI_LLM_MODEL_NAME) or node.request_model
     )
 
-    system = a.get(sc.GEN_AI_SYSTEM_INSTRUCTIONS)
-    node.system_instructions = to_messages(system, "system") if system is not None else []
-    for m in node.system_instructions:
-        m.role = "system"
+    node.system_instructions = system_messages(a.get(sc.GEN_AI_SYSTEM_INSTRUCTIONS))
 
     found = _messages_of(a, sc.GEN_AI_INPUT_MESSAGES, "user", sc.OI_LLM_INPUT_MESSAGES + ".", sc.LEGACY_PROMPT_PREFIX,
                          log_inputs, sc.OI_INPUT_VALUE, to_messages)
@@ -331,12 +321,7 @@ def _traceloop_input(value: Any) -> Any:
 def run_content(span: SpanRow) -> tuple[list[Message], list[Message], str | None]:
     """Input messages, output messages and agent name a run span itself carries (any convention)."""
     a = span.attrs
-    inputs: list[Message] = []
-    system = a.get(sc.GEN_AI_SYSTEM_INSTRUCTIONS)
-    if system is not None:
-        inputs = to_messages(system, "system")
-        for m in inputs:
-            m.role = "system"
+    inputs = system_messages(a.get(sc.GEN_AI_SYSTEM_INSTRUCTIONS))
     if a.get(sc.GEN_AI_INPUT_MESSAGES) is not None:
         inputs += to_messages(a[sc.GEN_AI_INPUT_MESSAGES])
     elif a.get(sc.OI_INPUT_VALUE) is not None:
