@@ -20,7 +20,13 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from otel_agenttape import semconv as sc
 from otel_agenttape.capture.events import AgentEvent
 from otel_agenttape.capture.fastspan import BareStart, set_valid_attributes
-from otel_agenttape.codec.messages_record import convert_messages, output_messages, system_instructions, tool_definitions
+from otel_agenttape.codec.messages_record import (
+    as_messages,
+    convert_messages,
+    output_messages,
+    system_instructions,
+    tool_definitions,
+)
 from otel_agenttape.capture.nodes import ModelNode, ModelRequest, RunState, ToolNode
 from otel_agenttape.capture.records import MODEL, TOOL, NodeRecord
 from otel_agenttape.capture.redact import Redactor
@@ -309,13 +315,3 @@ def error_type(error: str | None) -> str:
         return "_OTHER"
     head = error.split(":", 1)[0].strip()
     return head if head and " " not in head and len(head) <= 64 else "_OTHER"
-
-
-def as_messages(value: Any, role: str) -> list[dict[str, Any]]:
-    value = to_plain(value)
-    if isinstance(value, list) and all(isinstance(m, Mapping) and "role" in m for m in value):
-        return convert_messages(value)
-    if isinstance(value, Mapping) and "role" in value:
-        return convert_messages([value])
-    content = value if isinstance(value, str) else payload_text(value)
-    return [{"role": role, "parts": [{"type": "text", "content": content}]}]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .jsontext import parse_structured_json, to_plain
+from .jsontext import parse_structured_json, payload_text, to_plain
 
 _FINISH_MAP = {
     "tool_calls": "tool_call",
@@ -232,6 +232,18 @@ def convert_messages(messages: Any) -> list[dict[str, Any]]:
     if type(messages) is not list and isinstance(messages, (str, Mapping)):
         messages = [messages]
     return [convert_message(m) for m in messages]
+
+
+def as_messages(value: Any, role: str) -> list[dict[str, Any]]:
+    """A run's input or output: chat messages as GenAI messages, anything else as one ``role`` text message
+    (strings verbatim, other values as JSON text)."""
+    value = to_plain(value)
+    if isinstance(value, list) and all(isinstance(m, Mapping) and "role" in m for m in value):
+        return convert_messages(value)
+    if isinstance(value, Mapping) and "role" in value:
+        return convert_messages([value])
+    content = value if isinstance(value, str) else payload_text(value)
+    return [{"role": role, "parts": [{"type": "text", "content": content}]}]
 
 
 def system_instructions(system: Any) -> list[dict[str, Any]]:
