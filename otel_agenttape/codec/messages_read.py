@@ -197,7 +197,9 @@ def messages_text(messages: list[Message]) -> str:
 
 
 def tool_definitions(value: Any) -> list[dict[str, Any]]:
-    """Tool definitions in the GenAI shape ``{type, name, description, parameters}``."""
+    """Recorded tool definitions (JSON text, GenAI or OpenAI chat shape) in the GenAI shape ``{type, name,
+    description, parameters}``; nameless ones are left out. Recording takes SDK tool objects with
+    ``messages_record.tool_definitions`` instead, which keeps whatever it does not know."""
     value = parse_any_json(value)
     if isinstance(value, dict):
         value = [value]

@@ -261,7 +261,8 @@ def system_instructions(system: Any) -> list[dict[str, Any]]:
 
 
 def tool_definitions(tools: Iterable[Any]) -> list[dict[str, Any]]:
-    """OpenAI / Anthropic tool definitions -> GenAI tool definitions."""
+    """OpenAI / Anthropic tool definitions -> GenAI tool definitions (``messages_read.tool_definitions`` reads
+    them back)."""
     out = []
     for tool in tools:
         tool = to_plain(tool)
