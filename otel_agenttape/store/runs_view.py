@@ -19,7 +19,8 @@ from otel_agenttape import semconv as sc
 MODEL_OPS_SQL = ", ".join(f"'{op}'" for op in sorted(sc.MODEL_OPERATIONS))
 
 
-def _paths(keys: list[str]) -> str:
+def json_paths(keys: list[str]) -> str:
+    """A DuckDB list of JSON paths, one per attribute key (keys hold dots: each is quoted whole)."""
     return "[" + ", ".join(f"'$.\"{k}\"'" for k in keys) + "]"
 
 
@@ -114,7 +115,7 @@ a AS (
   SELECT {cols}, CAST(NULL AS VARCHAR) AS atext, CAST(NULL AS JSON[]) AS y
   FROM src s WHERE s.run_id IS NOT NULL OR s.node_type IS NOT NULL
   UNION ALL
-  SELECT {cols}, CAST(s.attributes AS VARCHAR), json_extract(s.attributes, {_paths(_ROLE_KEYS)})
+  SELECT {cols}, CAST(s.attributes AS VARCHAR), json_extract(s.attributes, {json_paths(_ROLE_KEYS)})
   FROM src s WHERE s.run_id IS NULL AND s.node_type IS NULL
 ), ft AS (
   SELECT DISTINCT a.trace_id, a.span_id FROM a SEMI JOIN (SELECT DISTINCT trace_id FROM a WHERE atext IS NOT NULL) f

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from otel_agenttape import semconv as sc
 # the model operations' SQL list and the json_extract paths of attribute keys: one rule for both view modules
-from otel_agenttape.store.runs_view import MODEL_OPS_SQL, RUNS, SPAN_ROLES, _paths
+from otel_agenttape.store.runs_view import MODEL_OPS_SQL, RUNS, SPAN_ROLES, json_paths
 
 
 def _typed_text(expr: str) -> str:
@@ -65,7 +65,7 @@ SELECT e.trace_id, e.span_id, e.event_index, e.time_unix_nano, e.name,
   {_typed_text("y[1]")} AS segment,
   TRY_CAST({_typed_text("y[2]")} AS BIGINT) AS seq,
   e.attributes
-FROM (SELECT *, json_extract(attributes, {_paths(_EVENT_KEYS)}) AS y FROM span_events
+FROM (SELECT *, json_extract(attributes, {json_paths(_EVENT_KEYS)}) AS y FROM span_events
       WHERE name IN ('{sc.EVENT_TEXT}', '{sc.EVENT_REASONING}', '{sc.EVENT_RETRY}', '{sc.EVENT_METADATA}')) e
 """
 
@@ -79,7 +79,7 @@ WITH ev AS (
     count(*) FILTER (WHERE name = '{sc.EVENT_RETRY}') AS retries
   FROM node_events GROUP BY trace_id, span_id
 ), n AS (
-  SELECT ns.*, json_extract(ns.attributes, {_paths(_NODE_KEYS)}) AS x FROM node_spans ns
+  SELECT ns.*, json_extract(ns.attributes, {json_paths(_NODE_KEYS)}) AS x FROM node_spans ns
 )
 SELECT
   coalesce({_x(9)}, n.span_id) AS record_id,
@@ -129,7 +129,7 @@ _KIND_RANK = (
 STEPS = f"""
 CREATE OR REPLACE VIEW steps AS
 WITH nd AS (
-  SELECT n.*, json_extract(n.attributes, {_paths(_NODE_KEYS)}) AS x FROM node_spans n
+  SELECT n.*, json_extract(n.attributes, {json_paths(_NODE_KEYS)}) AS x FROM node_spans n
 ), ev AS (
   SELECT e.*, nd.resolved_run_id, nd.resolved_node_type, nd.turn_id, nd.step
   FROM node_events e JOIN nd ON nd.trace_id = e.trace_id AND nd.span_id = e.span_id
