@@ -7,6 +7,8 @@ right agent, session, source and status, and every ref it prints opens in ``show
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -30,15 +32,21 @@ def served(tmp_path_factory):
     traces: dict[tuple[str, str], str] = {}
     try:
         with FakeOpenAI() as fake:
+            procs = {}
             for convention, (module, _, _) in CONVENTIONS.items():
                 try:
                     __import__(module)
                 except ImportError:
                     continue
-                for mode in ("agent", "bare"):
-                    out = server.script(str(HERE / "tape_foreign_app.py"), convention, server.url, fake.base_url,
-                                        "agent" if mode == "agent" else "")
-                    traces[(convention, mode)] = out.strip().splitlines()[-1]
+                for mode in ("agent", "bare"):  # independent processes (own trace, own session): at once
+                    procs[(convention, mode)] = subprocess.Popen(
+                        [sys.executable, str(HERE / "tape_foreign_app.py"), convention, server.url, fake.base_url,
+                         "agent" if mode == "agent" else ""],
+                        env=server.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for key, proc in procs.items():
+                out, err = proc.communicate(timeout=180)
+                assert proc.returncode == 0, err[-3000:]
+                traces[key] = out.strip().splitlines()[-1]
         server.traces = traces
         yield server
     finally:
