@@ -19,9 +19,9 @@ steps 50 ms, tree 200 ms.
     python bench/console.py [--spans 1000000] [--repeat 20] [--dir DIR] [--no-page] [--reuse]
 
 The API keeps a store version's run keys and answers (the bench's read-only file never changes), so the
-repeated requests are served from them; the ``*_cold`` rows time the first request after the store
-changed instead (everything kept is dropped before each one, untimed): what a page costs while a
-receiver is writing.
+repeated requests are served from them; the ``*_cold`` rows time the first request of a fresh reader
+instead (everything kept is dropped before each one, untimed): what a console just started, or each
+``agenttape runs``, pays. After a write only the runs the new spans belong to are read again.
 
 Last lines: ``console_cold runs_ms=.. steps_ms=.. tree_ms=..``, then
 ``console runs_ms=X steps_ms=Y tree_ms=Z sql_runs_ms=W`` (p95 of each, kept answers).
@@ -189,7 +189,7 @@ def measure_api(url: str, ids: dict[str, str], repeat: int, tapes=None) -> dict[
             "steps": timed(lambda: get(f"/runs/{run_ref}/steps"), repeat),
             "tree": timed(lambda: get(f"/runs/{tree_ref}/tree"), repeat),
         }
-        if tapes is not None:  # the first request after the store changed: nothing kept
+        if tapes is not None:  # the first request of a fresh reader: nothing kept
             cold = max(3, repeat // 2)
             out.update({
                 "runs_cold": timed_cold(lambda: get("/runs"), lambda: forget(tapes), cold),
