@@ -37,6 +37,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_agenttape.codec import typed as anyvalue
 from otel_agenttape.store import rows, samples, schema
+from otel_agenttape.store.ddl import PAGE_COLUMNS_SQL
 from otel_agenttape.store.parquet import ParquetSink, export_parquet
 from otel_agenttape.store.writer import RUN_LOOKUP_SQL, Store, locked_config
 
@@ -92,7 +93,7 @@ def naive_table(reqs: list[ExportTraceServiceRequest]) -> pa.Table:
 
 def _prefill(store: Store, n: int) -> None:
     """``n`` small spans in time order, 50 per run and 10 per trace, indexed like the writer does
-    (one run_index row per run and write of 10,000 spans)."""
+    (one run_index row per run, trace and write of 10,000 spans)."""
     store.con.execute(
         "INSERT INTO spans (trace_id, span_id, name, kind, start_time_unix_nano, end_time_unix_nano, "
         "status_code, attributes, date, run_id) SELECT md5((i // 10)::VARCHAR), substr(md5((i * 7)::VARCHAR), 1, 16), "
@@ -100,8 +101,8 @@ def _prefill(store: Store, n: int) -> None:
         f"FROM range({int(n)}) t(i)")
     store.con.execute(
         "INSERT INTO run_index SELECT run_id, min(start_time_unix_nano), max(end_time_unix_nano), count(*), "
-        "rowid // 10000 * 10000, rowid // 10000 * 10000 + 9999, NULL, NULL, NULL, NULL "
-        "FROM spans GROUP BY run_id, rowid // 10000")
+        f"rowid // 10000 * 10000, rowid // 10000 * 10000 + 9999, NULL, NULL, NULL, NULL, {PAGE_COLUMNS_SQL} "
+        "FROM spans GROUP BY run_id, trace_id, rowid // 10000")
 
 
 def _lookup_ms(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> tuple[float, float]:
