@@ -42,10 +42,25 @@ def _spans(run_id: str, start: int, nodes: int, run_span: bool = True) -> list[A
     return exporter.get_finished_spans()
 
 
-def test_lake_runs_pages_match_the_spans(tmp_path: Any) -> None:
+def _publish(tmp_path: Any, batches: list[list[list[Any]]]) -> str:
+    """Each batch's traces written to a receiver's store and to ``single.duckdb``, the receiver publishing
+    after each batch; returns the lake."""
     lake = str(tmp_path / "lake")
     hot = Store(str(tmp_path / "r1.duckdb"))
     single = Store(str(tmp_path / "single.duckdb"))
+    try:
+        for batch in batches:
+            for spans in batch:
+                hot.write_traces([encode(spans)])
+                single.write_traces([encode(spans)])
+            LakePublisher(hot, lake, "r1").publish_all()
+    finally:
+        hot.close()
+        single.close()
+    return lake
+
+
+def test_lake_runs_pages_match_the_spans(tmp_path: Any) -> None:
     long = _spans("long", T0 + 200 * SEC, 4)  # nodes, then the run span
     batches = [
         # two runs starting at the same instant; a run without a run span; ten plain runs
@@ -56,15 +71,7 @@ def test_lake_runs_pages_match_the_spans(tmp_path: Any) -> None:
         [long[:2]],
         [long[2:], _spans("late", T0 + 300 * SEC, 1)],
     ]
-    try:
-        for batch in batches:
-            for spans in batch:
-                hot.write_traces([encode(spans)])
-                single.write_traces([encode(spans)])
-            LakePublisher(hot, lake, "r1").publish_all()
-    finally:
-        hot.close()
-        single.close()
+    lake = _publish(tmp_path, batches)
 
     with otel_agenttape.open(lake) as tapes:
         rows = tapes.reader.query("SELECT count(*) AS n FROM run_traces WHERE run_id = 'long'").to_pylist()
@@ -91,17 +98,7 @@ def test_lake_runs_pages_match_the_spans(tmp_path: Any) -> None:
 def test_a_first_page_cut_inside_many_runs_that_start_together(tmp_path: Any) -> None:
     """Eight runs start at one instant: the first page's newest runs tie beyond what one pass keeps, and
     the order by ref still matches the spans'."""
-    lake = str(tmp_path / "lake")
-    hot = Store(str(tmp_path / "r1.duckdb"))
-    single = Store(str(tmp_path / "single.duckdb"))
-    try:
-        for spans in [_spans(f"same-{i}", T0 + 9 * SEC, 1) for i in range(8)] + [_spans("older", T0, 1)]:
-            hot.write_traces([encode(spans)])
-            single.write_traces([encode(spans)])
-        LakePublisher(hot, lake, "r1").publish_all()
-    finally:
-        hot.close()
-        single.close()
+    lake = _publish(tmp_path, [[_spans(f"same-{i}", T0 + 9 * SEC, 1) for i in range(8)] + [_spans("older", T0, 1)]])
     with otel_agenttape.open(lake) as tapes:
         keys, total = index_keys.first_page(tapes.reader, 2)
     assert total == 9 and len(keys) == 3
