@@ -37,7 +37,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_agenttape.codec import typed as anyvalue
 from otel_agenttape.store import rows, samples, schema
-from otel_agenttape.store.ddl import PAGE_COLUMNS_SQL
+from otel_agenttape.store.ddl import INDEX_ROW_SQL
 from otel_agenttape.store.parquet import ParquetSink, export_parquet
 from otel_agenttape.store.writer import RUN_LOOKUP_SQL, Store, locked_config
 
@@ -100,9 +100,8 @@ def _prefill(store: Store, n: int) -> None:
         "'x', 0, i * 1000000, i * 1000000 + 5, 0, '{}', DATE '2026-01-01', 'run-' || (i // 50)::VARCHAR "
         f"FROM range({int(n)}) t(i)")
     store.con.execute(
-        "INSERT INTO run_index SELECT run_id, min(start_time_unix_nano), max(end_time_unix_nano), count(*), "
-        f"rowid // 10000 * 10000, rowid // 10000 * 10000 + 9999, NULL, NULL, NULL, NULL, {PAGE_COLUMNS_SQL} "
-        "FROM spans GROUP BY run_id, trace_id, rowid // 10000")
+        INDEX_ROW_SQL.format(ranges="rowid // 10000 * 10000, rowid // 10000 * 10000 + 9999, NULL, NULL, NULL, NULL")
+        + "FROM spans GROUP BY run_id, trace_id, rowid // 10000")
 
 
 def _lookup_ms(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> tuple[float, float]:

@@ -164,17 +164,34 @@ def test_runs_pages_from_the_index_match_the_spans_and_an_older_index_is_rebuilt
         assert index_keys.first_page(r, 4) is not None, "the store's run_index is used"
     for limit, want in spans_only.items():
         assert all_pages(stores["db"], limit) == want
-    # a store whose run_index was written before it held each run's trace, start and key
-    old = str(stores["tmp"] / "old-index.duckdb")
-    shutil.copy(stores["db"], old)
-    con = duckdb.connect(old)
-    for col in ("trace_id", "run_start_unix_nano", "last_start_unix_nano", "run_key_hi", "run_key_lo"):
-        con.execute(f"ALTER TABLE run_index DROP COLUMN {col}")
-    con.close()
+    # stores whose run_index has an earlier layout: before it held each run's start and key, and with
+    # the run and trace ids in it
+    for n, extra in enumerate(("", ", trace_id VARCHAR, run_start_unix_nano BIGINT, last_start_unix_nano BIGINT, "
+                                   "run_key_hi UBIGINT, run_key_lo UBIGINT")):
+        old = str(stores["tmp"] / f"old-index-{n}.duckdb")
+        shutil.copy(stores["db"], old)
+        con = duckdb.connect(old)
+        con.execute("DROP TABLE run_index")
+        con.execute("CREATE TABLE run_index (run_id VARCHAR NOT NULL, start_time_unix_nano BIGINT NOT NULL, "
+                    "end_time_unix_nano BIGINT NOT NULL, spans BIGINT NOT NULL, first_span_row BIGINT NOT NULL, "
+                    "last_span_row BIGINT NOT NULL, first_event_row BIGINT, last_event_row BIGINT, "
+                    f"first_link_row BIGINT, last_link_row BIGINT{extra})")
+        con.execute("INSERT INTO run_index (run_id, start_time_unix_nano, end_time_unix_nano, spans, first_span_row, "
+                    "last_span_row) SELECT run_id, min(start_time_unix_nano), max(end_time_unix_nano), count(*), "
+                    "min(rowid), max(rowid) FROM spans WHERE run_id IS NOT NULL GROUP BY run_id")
+        con.close()
+        _older_index_is_read_around_then_rebuilt(stores, old, spans_only)
+
+
+def _older_index_is_read_around_then_rebuilt(stores, old, spans_only):
+    from otel_agenttape.tape.read import index_keys
+
     with open_reader(old) as r:
         assert index_keys.first_page(r, 4) is None  # read from the spans instead
     assert all_pages(old, 4) == spans_only[4]
-    Store(old).close()  # a writer opening it indexes it again, with those columns
+    with open_reader(old) as r:  # a run's rows are found by scanning the spans
+        assert _both(r, stores["ids"]) == _both(open_reader(stores["db"]), stores["ids"])
+    Store(old).close()  # a writer opening it indexes it again, in the present layout
     with open_reader(old) as r:
         assert index_keys.first_page(r, 4) is not None
         assert _both(r, stores["ids"]) == _both(open_reader(stores["db"]), stores["ids"])

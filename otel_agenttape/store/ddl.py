@@ -8,40 +8,35 @@ import duckdb
 from otel_agenttape.store import schema, views
 from otel_agenttape.store.runs_view import OURS_ROLE
 
-_RUN_INDEX_DDL = """CREATE TABLE IF NOT EXISTS run_index (
-  run_id VARCHAR NOT NULL,
-  start_time_unix_nano BIGINT NOT NULL,
-  end_time_unix_nano BIGINT NOT NULL,
-  spans BIGINT NOT NULL,
-  first_span_row BIGINT NOT NULL,
-  last_span_row BIGINT NOT NULL,
-  first_event_row BIGINT,
-  last_event_row BIGINT,
-  first_link_row BIGINT,
-  last_link_row BIGINT,
-  trace_id VARCHAR,
-  run_start_unix_nano BIGINT,
-  last_start_unix_nano BIGINT,
-  run_key_hi UBIGINT,
-  run_key_lo UBIGINT
-)"""
-# The columns a runs page is cut from (``tape/read/index_keys``): the run's trace, the start of its run
-# span(s) in the write, the latest start of its spans in the write, and the run's key: the MD5 digest of
-# ``run_id@trace_id`` as two numbers (its first and last 8 bytes read little-endian), so that runs are
-# grouped and counted without reading their ids. A lake's ``run_traces`` holds the same columns.
-_PAGE_COLUMNS = {"trace_id": "VARCHAR", "run_start_unix_nano": "BIGINT", "last_start_unix_nano": "BIGINT",
-                 "run_key_hi": "UBIGINT", "run_key_lo": "UBIGINT"}
-RUN_KEY_SQL = ("md5_number_upper(run_id || '@' || trace_id) AS run_key_hi, "
-               "md5_number_lower(run_id || '@' || trace_id) AS run_key_lo")
-# The page columns of the spans of one run and trace (in a GROUP BY run_id, trace_id).
-PAGE_COLUMNS_SQL = (f"trace_id, min(start_time_unix_nano) FILTER (WHERE ({OURS_ROLE}) = 'run'), "
-                    f"max(start_time_unix_nano), {RUN_KEY_SQL}")
-# Every span with a run id, indexed per (run, trace) over whole tables (a store written before the index,
-# or before its page columns: row ranges as wide as the tables).
-_INDEX_ALL_SQL = (
-    "INSERT INTO run_index SELECT run_id, min(start_time_unix_nano), max(end_time_unix_nano), count(*), "
+# One row per run, trace and write. The run and trace are kept as their keys only (below): the ids
+# are read from the spans, at the rows these ranges point to, when a page or a run needs them.
+_RUN_INDEX_COLUMNS = {
+    "run_hash": "UBIGINT NOT NULL", "trace_hash": "UBIGINT NOT NULL",
+    "start_time_unix_nano": "BIGINT NOT NULL", "end_time_unix_nano": "BIGINT NOT NULL", "spans": "BIGINT NOT NULL",
+    "first_span_row": "BIGINT NOT NULL", "last_span_row": "BIGINT NOT NULL",
+    "first_event_row": "BIGINT", "last_event_row": "BIGINT", "first_link_row": "BIGINT", "last_link_row": "BIGINT",
+    "run_start_unix_nano": "BIGINT", "last_start_unix_nano": "BIGINT",
+}
+_RUN_INDEX_DDL = ("CREATE TABLE IF NOT EXISTS run_index (\n  "
+                  + ",\n  ".join(f"{c} {t}" for c, t in _RUN_INDEX_COLUMNS.items()) + "\n)")
+# A run's key: ``run_hash`` and ``trace_hash``, the first 8 bytes of the MD5 digests of its run id and
+# of its trace id, read little-endian (DuckDB's ``md5_number_upper``). Runs are grouped and counted by
+# the pair without reading their ids; a run is looked up by ``run_hash`` and its rows then read by run
+# id, so a run id sharing the hash of another only widens the rows read. Sixteen bytes where the ids
+# took about 55 (a lake's ``run_traces`` holds the ids too, and the same keys).
+RUN_KEY_SQL = "md5_number_upper(run_id) AS run_hash, md5_number_upper(trace_id) AS trace_hash"
+RUN_HASH_OF_PARAM = "run_hash = md5_number_upper(?)"  # ``WHERE`` a run id given as a parameter
+# The index row of the spans of one run and trace in a write (in a ``GROUP BY run_id, trace_id``); the
+# row ranges are parameters.
+INDEX_ROW_SQL = (
+    f"INSERT INTO run_index ({', '.join(_RUN_INDEX_COLUMNS)}) SELECT {RUN_KEY_SQL}, "
+    "min(start_time_unix_nano), max(end_time_unix_nano), count(*), {ranges}, "
+    f"min(start_time_unix_nano) FILTER (WHERE ({OURS_ROLE}) = 'run'), max(start_time_unix_nano) ")
+# Every span with a run id, indexed per (run, trace) over whole tables (a store written before the
+# index, or before its present columns: row ranges as wide as the tables).
+_INDEX_ALL_SQL = INDEX_ROW_SQL.format(ranges=(
     "min(rowid), max(rowid), (SELECT min(rowid) FROM span_events), (SELECT max(rowid) FROM span_events), "
-    f"(SELECT min(rowid) FROM span_links), (SELECT max(rowid) FROM span_links), {PAGE_COLUMNS_SQL} "
+    "(SELECT min(rowid) FROM span_links), (SELECT max(rowid) FROM span_links)")) + (
     "FROM spans WHERE run_id IS NOT NULL GROUP BY run_id, trace_id")
 
 
@@ -49,26 +44,20 @@ def create_schema(con: duckdb.DuckDBPyConnection) -> None:
     """Create the tables and the writer's ``run_index`` when missing, and the views when they differ."""
     for name in schema.TABLES:
         con.execute(schema.table_ddl(name))
-    had_index = con.sql(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'run_index' AND schema_name = 'main'"
-    ).fetchall()[0][0]
-    con.execute(_RUN_INDEX_DDL)
-    have = {str(r[0]) for r in con.sql(
-        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'run_index' AND schema_name = 'main'").fetchall()}
-    if had_index and not set(_PAGE_COLUMNS) <= have:  # written before the page columns: index again
+    have = [str(r[0]) for r in con.sql(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'run_index' AND schema_name = 'main' "
+        "ORDER BY column_index").fetchall()]
+    if have != list(_RUN_INDEX_COLUMNS):  # none yet, or one of an earlier layout: index what the store holds
         con.execute("BEGIN")
         try:
-            for name, kind in _PAGE_COLUMNS.items():
-                if name not in have:
-                    con.execute(f"ALTER TABLE run_index ADD COLUMN {name} {kind}")
-            con.execute("DELETE FROM run_index")
+            if have:
+                con.execute("DROP TABLE run_index")
+            con.execute(_RUN_INDEX_DDL)
             con.execute(_INDEX_ALL_SQL)
         except BaseException:
             con.execute("ROLLBACK")
             raise
         con.execute("COMMIT")
-    elif not had_index:  # a store written before run_index existed: index what it holds
-        con.execute(_INDEX_ALL_SQL)
     if _view_sql(con) != _expected_view_sql():
         views.create_views(con)
 

@@ -40,10 +40,15 @@ SORT_KEYS: dict[str, list[str]] = {
     "log_records": ["trace_id", "time_unix_nano", "log_id"],
     "resources": ["resource_id"],
 }
-# Columns with few distinct values per file: dictionary-encode them; long unique text is not worth it.
-_NO_DICT = {"attributes", "body", "span_id", "parent_span_id", "log_id", "linked_span_id", "chain_hash",
-            "chain_prev", "start_time_unix_nano", "end_time_unix_nano", "time_unix_nano",
-            "observed_time_unix_nano"}
+# Times are written as deltas (DELTA_BINARY_PACKED): rows are sorted by time, so the differences are
+# small and take a few bits each. Against plain values under zstd this made a 1,000,000-span lake 14
+# bytes per span smaller (spans 66.6 -> 59.7, span events 24.3 -> 17.2; bench/lake.py's data).
+_DELTA = {"start_time_unix_nano", "end_time_unix_nano", "time_unix_nano", "observed_time_unix_nano",
+          "last_start_unix_nano", "run_start_unix_nano"}
+# Columns with few distinct values per file are dictionary-encoded; long unique text, random ids and
+# keys are not worth it (a dictionary of unique values costs its indices on top of the values).
+_NO_DICT = {"attributes", "body", "trace_id", "span_id", "parent_span_id", "log_id", "linked_trace_id",
+            "linked_span_id", "chain_hash", "chain_prev", "run_hash", "trace_hash"} | _DELTA
 # zstd level: 9 for one-shot exports (about 6% smaller than 3); 3 for the continuous sink, where
 # level 9 would cost about 4x the CPU of level 3 per span on the ingest machine (bench/store_size.py)
 ZSTD_LEVEL_EXPORT = 9
@@ -57,22 +62,21 @@ def _file_schema(table: str) -> pa.Schema:
     return sch.remove(sch.get_field_index("date")) if table in PARTITIONED else sch
 
 
+def writer_options(columns: list[str], level: int = ZSTD_LEVEL_EXPORT) -> dict[str, Any]:
+    """The Parquet writer settings of every lake file with these columns (``pq.write_table`` and
+    ``pq.ParquetWriter`` take the same keywords): zstd, dictionaries for repeated values, deltas for times."""
+    return {"compression": "zstd", "compression_level": level,
+            "use_dictionary": [c for c in columns if c not in _NO_DICT],
+            "column_encoding": {c: "DELTA_BINARY_PACKED" for c in columns if c in _DELTA} or None,
+            "data_page_size": DATA_PAGE_BYTES, "write_statistics": True}
+
+
 def write_file(table: pa.Table, path: str, level: int = ZSTD_LEVEL_EXPORT) -> int:
     """Write one Parquet file atomically (hidden tmp name, fsync, rename); returns its size."""
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
-    dict_cols = [c for c in table.column_names if c not in _NO_DICT]
-    pq.write_table(
-        table,
-        tmp,
-        compression="zstd",
-        compression_level=level,
-        use_dictionary=dict_cols,
-        row_group_size=ROW_GROUP_ROWS,
-        data_page_size=DATA_PAGE_BYTES,
-        write_statistics=True,
-    )
+    pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS, **writer_options(table.column_names, level))
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -158,7 +162,7 @@ RUN_TRACES = "run_traces"
 SPAN_FILES_KEY = b"agenttape.span_files"
 # The lake's run index: where each run is, without scanning spans.run_id / spans.parent_run_id.
 # ``run_start_unix_nano``: the start of the run's own run span(s), the time the runs view lists the run
-# at; ``run_key_hi``/``run_key_lo``: the run's key (``store.ddl.RUN_KEY_SQL``). A page of runs is cut
+# at; ``run_hash``/``trace_hash``: the run's key (``store.ddl.RUN_KEY_SQL``). A page of runs is cut
 # from this index alone (``tape/read/index_keys``).
 RUN_TRACES_SQL = f"""SELECT run_id, trace_id, parent_run_id,
        min(start_time_unix_nano) AS start_time_unix_nano, max(start_time_unix_nano) AS last_start_unix_nano,
@@ -199,8 +203,8 @@ def export_run_traces(root: str) -> int:
 _RUN_TRACES_FIELDS = [
     ("run_id", pa.string()), ("trace_id", pa.string()), ("parent_run_id", pa.string()),
     ("start_time_unix_nano", pa.int64()), ("last_start_unix_nano", pa.int64()), ("end_time_unix_nano", pa.int64()),
-    ("spans", pa.int64()), ("run_start_unix_nano", pa.int64()), ("run_key_hi", pa.uint64()),
-    ("run_key_lo", pa.uint64()),
+    ("spans", pa.int64()), ("run_start_unix_nano", pa.int64()), ("run_hash", pa.uint64()),
+    ("trace_hash", pa.uint64()),
 ]
 
 

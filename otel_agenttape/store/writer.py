@@ -11,9 +11,9 @@ whose hash is already there (re-sent spans, or a 64-bit hash collision) go to an
 the table. A PRIMARY KEY (ART index) over random hex ids makes every insert slower and keeps growing
 in memory (``bench/store_size.py``). Log records work the same way on ``log_id``.
 
-The writer also keeps ``run_index``: one row per (run, trace) and written batch with the time range and
-the ``spans`` row range of that batch, so a run is found without scanning ``spans.run_id``
-(``run_bounds``).
+The writer also keeps ``run_index`` (``store.ddl``): one row per (run, trace) and written batch, keyed by
+the hashes of the run and trace ids, with the time range and the ``spans`` row range of that batch, so
+a run is found without scanning ``spans.run_id`` (``run_bounds``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from otel_agenttape.store import rows, schema
-from otel_agenttape.store.ddl import PAGE_COLUMNS_SQL, create_schema
+from otel_agenttape.store.ddl import INDEX_ROW_SQL, RUN_HASH_OF_PARAM, create_schema
 from otel_agenttape.store.keyfilter import KeyFilter
 from otel_agenttape.store.reader import StoreOpenError, open_error_message
 
@@ -84,7 +84,7 @@ RUN_LOOKUP_SQL = """SELECT min(first_span_row) AS first_span_row, max(last_span_
        min(first_link_row) AS first_link_row, max(last_link_row) AS last_link_row,
        min(start_time_unix_nano) AS start_time_unix_nano, max(end_time_unix_nano) AS end_time_unix_nano,
        sum(spans)::BIGINT AS spans
-FROM run_index WHERE run_id = ?"""
+FROM run_index WHERE """ + RUN_HASH_OF_PARAM
 _RUN_LOOKUP_COLUMNS = ("first_span_row", "last_span_row", "first_event_row", "last_event_row", "first_link_row",
                        "last_link_row", "start_time_unix_nano", "end_time_unix_nano", "spans")
 
@@ -277,9 +277,8 @@ class Store:
                 s0, e0, l0 = self._rows
                 ne, nl = events.num_rows, links.num_rows
                 con.execute(
-                    "INSERT INTO run_index SELECT run_id, min(start_time_unix_nano), max(end_time_unix_nano), "
-                    f"count(*), ?, ?, ?, ?, ?, ?, {PAGE_COLUMNS_SQL} "
-                    "FROM _n_spans WHERE run_id IS NOT NULL GROUP BY run_id, trace_id",
+                    INDEX_ROW_SQL.format(ranges="?, ?, ?, ?, ?, ?")
+                    + "FROM _n_spans WHERE run_id IS NOT NULL GROUP BY run_id, trace_id",
                     [s0, s0 + spans.num_rows - 1, e0 if ne else None, e0 + ne - 1 if ne else None,
                      l0 if nl else None, l0 + nl - 1 if nl else None],
                 )

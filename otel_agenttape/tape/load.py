@@ -20,6 +20,7 @@ import orjson
 
 from ..codec.typed import attrs_to_python, to_python
 from .. import semconv as sc
+from ..store.ddl import RUN_HASH_OF_PARAM
 
 
 class Reader(Protocol):
@@ -156,8 +157,9 @@ def _is_unindexed(reader: Reader) -> bool:
 
 
 def _missing_table(exc: Exception) -> bool:
+    """No run index, or one of an earlier layout (a store no writer has opened since)."""
     text = str(exc).lower()
-    return "run_index" in text and ("does not exist" in text or "not found" in text)
+    return ("run_index" in text or "run_hash" in text) and ("does not exist" in text or "not found" in text)
 
 
 def _indexed_run_traces(reader: Reader, run_id: str) -> Windows | None:
@@ -196,7 +198,7 @@ def _indexed_run_traces(reader: Reader, run_id: str) -> Windows | None:
 # ``store.writer.RUN_LOOKUP_SQL`` reduced to what a rebuild needs
 _RUN_BOUNDS_SQL = (
     "SELECT min(first_span_row) AS first_row, max(last_span_row) AS last_row, "
-    "min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM run_index WHERE run_id = ?"
+    "min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM run_index WHERE " + RUN_HASH_OF_PARAM
 )
 
 

@@ -55,11 +55,7 @@ def write_stream(lake: LakeFS, key: str, table: str, batches: Iterable[pa.Record
                 t = pa.concat_tables(pending)
                 pending, pending_rows = [], 0
                 if writer is None:
-                    writer = pq.ParquetWriter(
-                        tmp, sch, compression="zstd", compression_level=level,
-                        use_dictionary=[c for c in sch.names if c not in pqlake._NO_DICT],  # noqa: SLF001
-                        write_statistics=True, data_page_size=pqlake.DATA_PAGE_BYTES,
-                    )
+                    writer = pq.ParquetWriter(tmp, sch, **pqlake.writer_options(sch.names, level))
                 writer.write_table(t, row_group_size=pqlake.ROW_GROUP_ROWS)
 
             for b in batches:

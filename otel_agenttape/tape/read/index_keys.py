@@ -7,9 +7,11 @@ from it follow the rules of ``store.run_keys.OURS_KEY_COLUMNS``: a run starts wh
 (else its first span), and its spans start in ``[span_lo, span_hi]``.
 
 ``first_page`` answers the first page of a reader that has not read every run's keys yet (each
-``agenttape runs`` is such a reader, and the console after a restart) in one pass over fixed-width columns: runs are grouped and
-counted by the MD5 of ``run_id@trace_id`` (``run_key_hi``, ``run_key_lo``), and only the page's runs
-have their ids read. ``all_keys`` reads every run's keys, for a reader that pages on.
+``agenttape runs`` is such a reader, and the console after a restart) in one pass over fixed-width
+columns: runs are grouped and counted by the hashes of their run and trace ids (``run_hash``,
+``trace_hash``, ``store.ddl.RUN_KEY_SQL``), and only the page's runs have their ids read, from the
+spans. ``all_keys`` reads every run's keys from a lake's index, which holds the ids too, for a reader
+that pages on (a DuckDB store's index keeps only the hashes: there the spans are read).
 """
 
 from __future__ import annotations
@@ -26,66 +28,68 @@ _KEYS = (
     "min(start_time_unix_nano) AS span_lo, max(last_start_unix_nano) AS span_hi "
     "FROM {src} WHERE run_id IS NOT NULL GROUP BY run_id, trace_id")
 _BY_KEY = (
-    "SELECT run_key_hi, run_key_lo, "
+    "SELECT run_hash, trace_hash, "
     "coalesce(min(run_start_unix_nano), min(start_time_unix_nano)) AS start_time_unix_nano, "
     "min(start_time_unix_nano) AS span_lo, max(last_start_unix_nano) AS span_hi "
-    "FROM {index} WHERE run_id IS NOT NULL GROUP BY run_key_hi, run_key_lo")
+    "FROM {index} WHERE run_hash IS NOT NULL GROUP BY run_hash, trace_hash")
 _NEWEST_FIRST = "start_time_unix_nano DESC, ref DESC"
 
 
-def _index(reader: Reader) -> str | None:
+def _index(reader: Reader) -> tuple[str, bool] | None:
     """The reader's run index (a lake's ``run_traces``, or a DuckDB store's ``run_index``) if it holds
-    each run's trace, start and key (``store.ddl.RUN_KEY_SQL``)."""
+    each run's start and key (``store.ddl.RUN_KEY_SQL``), and whether it holds the ids too (a lake's)."""
     index = lake_run_traces(reader)
+    lake = index is not None
     if index is None:
         if getattr(reader, "kind", None) != "duckdb":
             return None
-        index = "run_index"  # the writer's (every store a writer opened since holds these columns)
+        index = "run_index"  # the writer's (every store a writer opened since has this layout)
     try:
-        found = _rows(reader, f"SELECT count(*) FILTER (WHERE run_key_hi IS NULL) AS old FROM {index} "
-                              "WHERE run_id IS NOT NULL", [])
-    except QueryError:  # no index, or one written before it held these columns: the spans are read
+        found = _rows(reader, f"SELECT count(*) FILTER (WHERE run_hash IS NULL) AS old FROM {index} "
+                              f"WHERE {'run_id IS NOT NULL' if lake else 'true'}", [])
+    except QueryError:  # no index, or one of an earlier layout: the spans are read
         return None
-    return index if not found[0]["old"] else None  # some rows were published before they were kept
+    # rows published before the keys were kept have none: then the spans are read
+    return (index, lake) if not found[0]["old"] else None
 
 
 def all_keys(reader: Reader) -> Any | None:
-    """Every agenttape run's keys (an Arrow table, unordered), or None without a usable index."""
-    index = _index(reader)
-    if index is None:
+    """Every agenttape run's keys (an Arrow table, unordered), or None without an index holding the ids."""
+    found = _index(reader)
+    if found is None or not found[1]:
         return None
-    return reader.query(_KEYS.format(src=index), [])
+    return reader.query(_KEYS.format(src=found[0]), [])
 
 
 def first_page(reader: Reader, limit: int) -> tuple[list[dict[str, Any]], int] | None:
     """The ``limit + 1`` newest runs' keys and the count of all runs, or None without a usable index.
 
     The runs that start no earlier than the ``limit + 1``-th newest (ties included) are read by key,
-    then their ids, and ordered by start and ref exactly as every other page is. Two runs with one key (an
-    MD5 collision) would show as one id per key too many: then the spans are read instead."""
-    index = _index(reader)
-    if index is None:
+    then their ids, and ordered by start and ref exactly as every other page is. Two runs with one key (a
+    collision of both hashes) would show as one id per key too many: then the spans are read instead."""
+    found = _index(reader)
+    if found is None:
         return None
     want = limit + 1
-    top, total = _newest(reader, index, want)
+    top, total = _newest(reader, found[0], want)
     if not top:
         return [], total
     # the ids, from the spans these runs' spans start among (spans are stored in time order, so the
     # window reads a few row groups; the index is in id order and would be read whole)
-    his = ", ".join(str(h) for h in sorted({int(r["run_key_hi"]) for r in top}))
+    runs = ", ".join(str(h) for h in sorted({int(r["run_hash"]) for r in top}))
     lo, hi = min(int(r["span_lo"]) for r in top), max(int(r["span_hi"]) for r in top)
     ids = _rows(reader, (
         f"SELECT DISTINCT {RUN_KEY_SQL}, run_id, trace_id FROM spans WHERE start_time_unix_nano BETWEEN ? AND ? "
-        f"AND run_id IS NOT NULL AND md5_number_upper(run_id || '@' || trace_id) IN ({his})"), [lo, hi])
+        f"AND run_id IS NOT NULL AND md5_number_upper(run_id) IN ({runs})"), [lo, hi])
     named: dict[tuple[int, int], tuple[str, str]] = {}
     for r in ids:
-        key = (int(r["run_key_hi"]), int(r["run_key_lo"]))
+        key = (int(r["run_hash"]), int(r["trace_hash"]))
         if key in named and named[key] != (r["run_id"], r["trace_id"]):
             return None
         named[key] = (r["run_id"], r["trace_id"])
     keys = []
     for r in top:
-        run_id, trace_id = named[(int(r["run_key_hi"]), int(r["run_key_lo"]))]
+        run_id, trace_id = named[(int(r["run_hash"]), int(r["trace_hash"]))]
         keys.append({"ref": f"{run_id}@{trace_id}", "run_id": run_id, "trace_id": trace_id, "ours": True,
                      "start_time_unix_nano": r["start_time_unix_nano"], "span_lo": r["span_lo"],
                      "span_hi": r["span_hi"]})
@@ -98,8 +102,8 @@ def _newest(reader: Reader, index: str, want: int) -> tuple[list[dict[str, Any]]
     of all runs: one pass over the grouped index keeping the ``2 * want`` newest (``max_by``); only when
     the ``want``-th ties with the last one kept is the grouping read again for every tie."""
     row = _rows(reader, (
-        f"WITH g AS ({_BY_KEY.format(index=index)}) SELECT count(*) AS total, max_by({{'run_key_hi': run_key_hi, "
-        "'run_key_lo': run_key_lo, 'start_time_unix_nano': start_time_unix_nano, 'span_lo': span_lo, "
+        f"WITH g AS ({_BY_KEY.format(index=index)}) SELECT count(*) AS total, max_by({{'run_hash': run_hash, "
+        "'trace_hash': trace_hash, 'start_time_unix_nano': start_time_unix_nano, 'span_lo': span_lo, "
         "'span_hi': span_hi}, start_time_unix_nano, ?) AS top FROM g"), [2 * want])[0]
     total, top = int(row["total"]), list(row["top"] or [])
     if len(top) <= want:
