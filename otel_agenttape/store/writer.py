@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from otel_agenttape.store import rows, schema
 from otel_agenttape.store.ddl import INDEX_ROW_SQL, RUN_HASH_OF_PARAM, create_schema
 from otel_agenttape.store.keyfilter import KeyFilter
-from otel_agenttape.store.reader import StoreOpenError, open_error_message
+from otel_agenttape.store.readers import ConnectionReader, StoreOpenError, open_error_message
 
 
 @dataclass
@@ -391,8 +391,6 @@ class Store:
 
     def reader(self) -> Any:
         """A ``Reader`` over this store's database (same process, for tests and OTLP files)."""
-        from otel_agenttape.store.reader import ConnectionReader
-
         return ConnectionReader(self.con.cursor(), description=self.path or ":memory:")
 
     def close(self) -> None:

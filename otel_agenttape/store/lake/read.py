@@ -23,6 +23,7 @@ from otel_agenttape.store import rows, schema, views
 from otel_agenttape.store.lake import manifest as mf
 from otel_agenttape.store.lake.files import RUN_TRACES, RUN_TRACES_SCHEMA
 from otel_agenttape.store.lake.fs import LakeError, LakeFS, is_lake_uri, lake_fs
+from otel_agenttape.store.readers import ConnectionReader, StoreError, StoreOpenError, is_lake, open_error_message
 
 _RUN_TRACES_COLS = ", ".join(RUN_TRACES_SCHEMA.names)
 
@@ -112,8 +113,6 @@ def _duckdb_sources(con: duckdb.DuckDBPyConnection, path: str, n: int) -> dict[s
     try:
         con.execute(f"ATTACH {_q(os.path.abspath(path))} AS {alias} (READ_ONLY)")
     except duckdb.Error as exc:
-        from otel_agenttape.store.reader import StoreOpenError, open_error_message
-
         raise StoreOpenError(open_error_message(path, exc) + " (a store held by `agenttape serve` is read through "
                              "its lake, or its server: --db)") from exc
     out = {t: f"SELECT {', '.join(schema.column_names(t))} FROM {alias}.main.{t}" for t in schema.TABLES}
@@ -122,8 +121,6 @@ def _duckdb_sources(con: duckdb.DuckDBPyConnection, path: str, n: int) -> dict[s
 
 
 def _is_export(src: str) -> bool:
-    from otel_agenttape.store.reader import is_lake
-
     return os.path.isdir(src) and is_lake(src)
 
 
@@ -181,8 +178,6 @@ class LakeSet:
 
 def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
     """One reader over lakes (folders with ``_manifest/`` or ``s3://`` URIs) and DuckDB files together."""
-    from otel_agenttape.store.reader import ConnectionReader, StoreError
-
     if not sources:
         raise StoreError("no source: give a lake (--lake) or a store")
     con = duckdb.connect(":memory:")

@@ -1,0 +1,184 @@
+"""What a reader is and how reading fails: the ``Reader`` interface, the reader over a DuckDB
+connection (a read-only file, a lake, a writer's cursor) and the reader of a running server, the
+store's error types, and which paths are lakes. ``store.reader`` opens the right one for a source;
+the modules it opens through (``store.writer``, ``store.lake.read``) take these from here.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from otel_agenttape.store import schema
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+class StoreError(Exception):
+    """A store cannot be opened or a query failed; the message is meant for the user."""
+
+
+class QueryError(StoreError):
+    """The query itself was refused or failed."""
+
+
+class StoreOpenError(StoreError, OSError):
+    """DuckDB could not open a store file (in use, not a database, missing folder, ...).
+
+    Also an ``OSError``: callers that report unreadable files already report this one.
+    """
+
+
+_LOCK_PID = re.compile(r"\bPID (\d+)")
+_ERROR_KIND = re.compile(r"^[A-Za-z ]*Error: ")
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """DuckDB refused the file because another process holds its lock (not a broken or missing file)."""
+    return "could not set lock" in str(exc).lower()
+
+
+def lock_holder_pid(exc: BaseException) -> int | None:
+    """The pid DuckDB names as holding the lock, when it names one."""
+    m = _LOCK_PID.search(str(exc))
+    return int(m.group(1)) if m else None
+
+
+def open_error_message(path: str, exc: BaseException) -> str:
+    """One line for the user: who holds a locked file, or DuckDB's own reason the file cannot be opened."""
+    if is_lock_error(exc):
+        pid = lock_holder_pid(exc)
+        return f"{path} is in use by another process" + (f" (pid {pid})" if pid else "")
+    text = _ERROR_KIND.sub("", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    return f"cannot open {path}: {text}"
+
+
+def discovery_path(db_path: str | os.PathLike[str]) -> Path:
+    """Where a running server announces itself for a DuckDB file: ``<db>.serve.json`` (the receiver writes
+    it, readers follow it to the server)."""
+    return Path(f"{os.fspath(db_path)}.serve.json")
+
+
+class Reader:
+    """Common interface: ``query`` returns an Arrow table; ``close`` releases the source."""
+
+    description: str = ""
+    kind: str = ""
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the source."""
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ConnectionReader(Reader):
+    """A reader over a DuckDB connection (a read-only file, a lake, or a writer's cursor)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, description: str = "", kind: str = "duckdb",
+                 owns: bool = True, registered: dict[str, Any] | None = None) -> None:
+        self.con = con
+        # objects registered on ``con`` (Arrow datasets of an object-store lake): a cursor does not see
+        # another connection's registrations, so ``new_cursor`` registers them again
+        self.registered = dict(registered or {})
+        self.description = description
+        self.kind = kind
+        self._owns = owns
+        self._cursor_lock = threading.Lock()
+
+    def new_cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection of its own on the same database: one query on it blocks no other (``sql.py``
+        runs each user query on one, inside a transaction it rolls back)."""
+        with self._cursor_lock:
+            cur = self.con.cursor()
+        for name, obj in self.registered.items():
+            cur.register(name, obj)
+        return cur
+
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+        try:
+            return self.con.sql(sql, params=list(params) if params else None).to_arrow_table()
+        except duckdb.Error as exc:
+            raise QueryError(str(exc)) from exc
+
+    def close(self) -> None:
+        if self._owns:
+            self.con.close()
+
+
+class HttpReader(Reader):
+    """Queries a running ``agenttape serve`` through ``POST /api/query``."""
+
+    kind = "server"
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0, description: str = "") -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.description = description or self.url
+
+    def query(self, sql: str, params: Sequence[Any] | None = None, timeout: float | None = None) -> pa.Table:
+        """Run ``sql`` on the server; ``timeout`` (seconds) asks it to stop the query sooner than its own limit."""
+        doc: dict[str, Any] = {"sql": sql, "params": list(params) if params else []}
+        if timeout:
+            doc["timeout"] = float(timeout)
+        body = json.dumps(doc, default=str).encode()
+        req = urllib.request.Request(
+            self.url + "/api/query",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json", "Accept": ARROW_STREAM},
+        )
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            wait = self.timeout if not timeout else max(self.timeout, float(timeout) + 10.0)
+            with urllib.request.urlopen(req, timeout=wait) as resp:
+                data = resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode("utf-8", "replace")
+            try:
+                detail = json.loads(detail).get("error", detail)
+            except (ValueError, AttributeError):
+                pass
+            if exc.code == 401:
+                raise StoreError(f"the server at {self.url} refused the token (401): {detail}") from exc
+            raise QueryError(detail.strip() or f"HTTP {exc.code}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise StoreError(f"cannot reach the running server at {self.url}: {exc}") from exc
+        with ipc.open_stream(pa.BufferReader(data)) as stream:
+            return stream.read_all()
+
+
+def lake_table_files(root: str, table: str) -> list[str]:
+    """The Parquet files of one table of an exported lake folder, in name order."""
+    return sorted(glob.glob(os.path.join(root, table, "**", "*.parquet"), recursive=True))
+
+
+LAKE_FOLDERS = (*schema.TABLES, "run_traces")  # run_traces: the lake's run index (parquet.RUN_TRACES)
+
+
+def is_lake(path: str) -> bool:
+    """A folder holding ``spans/``, any other store table folder, or ``run_traces/`` (all an export of
+    an empty store writes), or a published lake's ``_manifest/``; or an ``s3://`` lake."""
+    if path.startswith("s3://"):
+        return True
+    return os.path.isdir(path) and any(os.path.isdir(os.path.join(path, t)) for t in (*LAKE_FOLDERS, "_manifest"))
