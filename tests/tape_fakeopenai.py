@@ -2,8 +2,9 @@
 
 The first user turn gets a ``get_weather`` tool call (a ``transfer_to_*`` call instead when the request
 offers such a tool: a triage agent handing over); a conversation ending in a weather tool result gets a
-text answer built from it, one ending in a handoff's result starts over from the last user turn. ``stream=true`` answers as server-sent events. Every request body is kept
-in ``requests`` so a test can see exactly what a client sent.
+text answer built from it, one ending in a handoff's result starts over from the last user turn.
+``stream=true`` answers as server-sent events. Every request body is kept in ``requests`` so a test can
+see exactly what a client sent.
 """
 
 from __future__ import annotations

@@ -116,8 +116,8 @@ def to_messages(value: Any, default_role: str = "user") -> list[Message]:
     if isinstance(value, list):
         items = [parse_any_json(i) for i in value]
         if items and all(
-            isinstance(i, dict) and "type" in i and "role" not in i and "parts" not in i and langchain_message(i) is None
-            for i in items
+            isinstance(i, dict) and "type" in i and "role" not in i and "parts" not in i
+            and langchain_message(i) is None for i in items
         ):
             # an array of parts (system instructions) is one message
             return [Message(role=default_role, parts=[_part(i) for i in items])]
