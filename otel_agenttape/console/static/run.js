@@ -34,16 +34,24 @@ function coalesce(steps) {
   return out;
 }
 
+// A run whose own spans carry no input (or output) shows the one read from a model call, and says so.
+function fromNote(from, what, call) {
+  return from === "model_call" ? h("p", { class: "muted from-note", data: { from: what } },
+    `The run's own span carries no ${what}: this is ${call}'s.`) : null;
+}
+
 function stepView(st, t0) {
   const offset = st.time_ns && t0 ? fmtDuration(Number(BigInt(st.time_ns) - BigInt(t0)) / 1e6) : "";
   let body = null;
   switch (st.kind) {
-    case "input": body = chat(st.content); break;
+    case "input": body = h("div", {}, chat(st.content), fromNote(st.input_from, "input", "the first model call")); break;
     case "text": body = h("div", { class: "assistant" }, longText(st.content, "content")); break;
     case "reasoning": body = h("div", { class: "reasoning" }, longText(st.content, "content")); break;
     case "tool_call": body = valueView(st.content, "arguments"); break;
     case "tool_result": body = valueView(st.content, st.status === "error" ? "error" : "result"); break;
-    case "terminal": body = h("div", {}, badge(st.status), st.content ? h("span", { class: "muted" }, ` ${st.content}`) : null); break;
+    case "terminal": body = h("div", {}, badge(st.status), st.content ? h("span", { class: "muted" }, ` ${st.content}`) : null,
+      st.output ? h("div", { class: "assistant" }, longText(st.output, "content")) : null,
+      fromNote(st.output_from, "output", "the last model call")); break;
     default: body = valueView(st.content, st.name || st.kind);
   }
   const title = [st.name, st.kind === "tool_call" || st.kind === "tool_result" ? st.call_id : null]
