@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -108,6 +109,10 @@ class IcebergLake:
             paths = [f.file_path for f in files]
             if all(p.startswith("file://") or p.startswith("/") for p in paths):
                 local = [p[len("file://"):] if p.startswith("file://") else p for p in paths]
+                # a listed file that is gone is read around, so the reader opens and verify names it
+                local = [p for p in local if os.path.exists(p)]
+                if not local:
+                    continue
                 src = "read_parquet([" + ", ".join(_q(p) for p in local) + "], union_by_name = true)"
             else:
                 fs, _ = ifl.location_fs(self.tables[table].location())

@@ -1,0 +1,65 @@
+"""Zero code: an OpenAI app with no telemetry code, run under ``opentelemetry-instrument`` with
+otel-agenttape installed, into a real `agenttape serve` on 127.0.0.1 (the OpenAI SDK against a fake
+OpenAI-compatible server): its calls are listed as runs, replay their prompt and answer, verify as
+sealed tapes, and a row altered in the store afterwards is caught."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from faults_util import serve, stop
+from receiver_util import free_env
+from tape_fakeopenai import FakeOpenAI
+
+HERE = Path(__file__).parent
+INSTRUMENT = shutil.which("opentelemetry-instrument", path=os.path.dirname(sys.executable)) or shutil.which(
+    "opentelemetry-instrument")
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "otel_agenttape.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+@pytest.mark.skipif(INSTRUMENT is None, reason="opentelemetry-instrument is not installed")
+def test_an_instrumented_openai_app_records_sealed_runs(tmp_path):
+    db = str(tmp_path / "tape.duckdb")
+    proc, info = serve(db)
+    env = free_env()
+    try:
+        with FakeOpenAI() as fake:
+            app_env = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=info["url"], OTEL_SERVICE_NAME="weather",
+                           OTEL_PYTHON_DISTRO="agenttape", PYTHONPATH=os.pathsep.join(
+                               [str(HERE.parent), env.get("PYTHONPATH", "")]))
+            app = subprocess.run([sys.executable, INSTRUMENT, sys.executable, str(HERE / "zero_code_openai_app.py"),
+                                  fake.base_url], capture_output=True, text=True, env=app_env, timeout=120)
+        assert app.returncode == 0, app.stderr
+        assert "57" in app.stdout  # the app itself ran as without instrumentation
+        assert "agenttape" in app.stderr and "seal" in app.stderr.lower()  # the one startup line
+    finally:
+        code, err = stop(proc)
+        assert code == 0, err
+    env = dict(env, AGENTTAPE_DB=db)
+    runs = _cli("runs", "--db", db, "--json", env=env)
+    assert runs.returncode == 0, runs.stderr
+    listed = [json.loads(line) for line in runs.stdout.splitlines() if line.strip()]
+    listed = listed[0] if len(listed) == 1 and isinstance(listed[0], list) else listed
+    weather = [r for r in listed if r.get("agent") == "weather"]
+    assert len(weather) == 2, listed  # two chat calls with no span around them: two runs
+    replays = [_cli("replay", "--db", db, r["ref"], "--json", env=env) for r in weather]
+    texts = "\n".join(r.stdout for r in replays)
+    assert "Weather in Paris?" in texts and "It is 57F in Paris." in texts
+    verified = _cli("verify", "--db", db, env=env)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    with duckdb.connect(db) as con:
+        con.execute("UPDATE spans SET attributes = replace(attributes, '57F', '75F') "
+                    "WHERE attributes LIKE '%57F%'")
+    tampered = _cli("verify", "--db", db, env=env)
+    assert tampered.returncode == 1, tampered.stdout + tampered.stderr
