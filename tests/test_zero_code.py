@@ -63,3 +63,14 @@ def test_an_instrumented_openai_app_records_sealed_runs(tmp_path):
                     "WHERE attributes LIKE '%57F%'")
     tampered = _cli("verify", "--db", db, env=env)
     assert tampered.returncode == 1, tampered.stdout + tampered.stderr
+
+
+def test_every_setting_is_documented_with_its_variables():
+    from otel_agenttape.capture.settings import OPTIONS
+
+    api = (HERE.parent / "docs" / "api.md").read_text()
+    for option in OPTIONS:
+        row = next((line for line in api.splitlines() if line.startswith(f"| `{option.env}` |")), None)
+        assert row is not None, f"{option.env} is not in docs/api.md"
+        for standard in option.standard:
+            assert f"`{standard}`" in row, (option.env, standard)
