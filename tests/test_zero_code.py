@@ -74,3 +74,19 @@ def test_every_setting_is_documented_with_its_variables():
         assert row is not None, f"{option.env} is not in docs/api.md"
         for standard in option.standard:
             assert f"`{standard}`" in row, (option.env, standard)
+
+
+def test_doctor_shows_what_an_instrumented_process_would_record(tmp_path):
+    env = dict(free_env(), OTEL_SERVICE_NAME="billing", AGENTTAPE_OUTBOX=str(tmp_path / "outbox"),
+               OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9")
+    out = _cli("doctor", "--db", str(tmp_path / "none.duckdb"), "--json", env=env)
+    checks = {c["name"]: c for c in json.loads(out.stdout)}
+    zero = checks["zero-code configuration"]
+    assert zero["status"] == "ok"
+    assert "as service 'billing'" in zero["detail"] and f"outbox {tmp_path / 'outbox'}" in zero["detail"]
+    assert zero["data"]["sources"]["service_name"] == "OTEL_SERVICE_NAME"
+    assert zero["data"]["sources"]["outbox"] == "AGENTTAPE_OUTBOX"
+    bad = _cli("doctor", "--db", str(tmp_path / "none.duckdb"), "--json",
+               env=dict(env, AGENTTAPE_MAX_REQUEST_BYTES="lots"))
+    zero = {c["name"]: c for c in json.loads(bad.stdout)}["zero-code configuration"]
+    assert zero["status"] == "FAIL" and "AGENTTAPE_MAX_REQUEST_BYTES" in zero["detail"]
