@@ -65,6 +65,41 @@ def test_an_instrumented_openai_app_records_sealed_runs(tmp_path):
     assert tampered.returncode == 1, tampered.stdout + tampered.stderr
 
 
+@pytest.mark.skipif(INSTRUMENT is None, reason="opentelemetry-instrument is not installed")
+def test_an_instrumented_langgraph_app_records_one_sealed_run_with_its_question_and_answer(tmp_path):
+    db = str(tmp_path / "graph.duckdb")
+    proc, info = serve(db)
+    env = free_env()
+    try:
+        with FakeOpenAI() as fake:
+            app_env = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=info["url"], OTEL_SERVICE_NAME="graph",
+                           OTEL_PYTHON_DISTRO="agenttape",
+                           # the OpenAI SDK's own instrumentation would record each ChatOpenAI call again,
+                           # as a trace of its own (OpenInference's LangChain spans are not made current)
+                           OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai", PYTHONPATH=os.pathsep.join(
+                               [str(HERE.parent), env.get("PYTHONPATH", "")]))
+            app = subprocess.run([sys.executable, INSTRUMENT, sys.executable, str(HERE / "zero_code_langgraph_app.py"),
+                                  fake.base_url, "Weather in Lyon?"], capture_output=True, text=True, env=app_env,
+                                 timeout=180)
+        assert app.returncode == 0, app.stderr
+        assert "57F in Lyon" in app.stdout
+        assert "openinference-instrumentation-langchain" in app.stderr  # the startup line names it
+    finally:
+        code, err = stop(proc)
+        assert code == 0, err
+    runs = _cli("runs", "--db", db, "--json", env=env)
+    assert runs.returncode == 0, runs.stderr
+    listed = json.loads(runs.stdout)
+    roots = [r for r in listed if not r.get("parent_ref")]
+    assert len(roots) == 1, listed  # the graph is one run, its nodes and agents below it
+    replay = _cli("replay", "--db", db, roots[0]["ref"], "--tree", "--json", env=env)
+    assert replay.returncode == 0, replay.stderr
+    tree = json.loads(replay.stdout)
+    assert "Weather in Lyon?" in json.dumps(tree["input"]) and "It is 57F in Lyon." in json.dumps(tree["output"])
+    verified = _cli("verify", "--db", db, env=env)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
 def test_every_setting_is_documented_with_its_variables():
     from otel_agenttape.capture.settings import OPTIONS
 
