@@ -18,7 +18,7 @@ def experiment(name: str, runs_or_dataset: Sequence[str] | str | os.PathLike[str
                fn: Callable[..., Any] | None = None, *, source: Any, model: str | None = None,
                base_url: str | None = None, api_key_env: str | None = None, system_prompt: str | None = None,
                temperature: float | None = None, client: Any = None, candidate: Candidate | None = None,
-               tools: str = "tape", mock: Callable[[str, Any], Any] | None = None,
+               tools: str = "tape", live: Any = None, mock: Callable[[str, Any], Any] | None = None,
                endpoint: str | None = None, journal: str | os.PathLike[str] | None = None,
                concurrency: int = 4, tape: Any = None, seal: bool = True,
                **filters: Any) -> ExperimentResult:
@@ -40,6 +40,6 @@ def experiment(name: str, runs_or_dataset: Sequence[str] | str | os.PathLike[str
         from .experiment_program import run_program_experiment
 
         return run_program_experiment(source, name, fn, candidate, refs=refs, filters=filters, tools=tools,
-                                      mock=mock, endpoint=endpoint, journal=journal, tape=tape, seal=seal)
+                                      live=live, mock=mock, endpoint=endpoint, journal=journal, tape=tape, seal=seal)
     return run_experiment(source, name, candidate, refs=refs, filters=filters, dataset=dataset, endpoint=endpoint,
                           journal=journal, concurrency=concurrency, tape=tape, seal=seal)

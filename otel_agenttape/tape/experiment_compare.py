@@ -189,9 +189,20 @@ class Comparison:
                 "runs": [p.to_json() for p in self.pairs]}
 
 
+def _run_as_node(run: Run) -> Node:
+    """A whole run seen as one answer (program-level experiments): its output, every tool call it asked
+    for, its tokens and its duration."""
+    asked = [m for n in run.model_nodes for m in n.output_messages if m.tool_calls]
+    return Node("model", run.trace_id, run.span_id or "", None, run.agent or "", run.start_ns, run.end_ns,
+                run.status, output_text=run.output, output_messages=asked, usage=run.usage,
+                model=run.models[-1] if run.models else None)
+
+
 def _node_of(run: Run | None, span_id: str | None) -> Node | None:
     if run is None:
         return None
+    if span_id == "":
+        return _run_as_node(run)
     models = run.model_nodes
     if span_id:
         return next((n for n in models if n.span_id == span_id), None)
@@ -227,12 +238,14 @@ def compare(tapes: Any, name: str, *, baseline: str = "original", evals: Sequenc
             raise ExperimentError(f"no experiment named {baseline!r} to compare with")
         other = latest_per_node(theirs.items())
         other_runs = {r.ref: r for r in iter_runs(tapes.reader, [other[k] for k in latest if k in other])}
-        base_of = {k: (other.get(k), _node_of(other_runs.get(other.get(k, "")), None)) for k in latest}
+        base_of = {k: (other.get(k), _node_of(other_runs.get(other.get(k, "")), "" if k[1] == "" else None))
+                   for k in latest}
     pairs = []
     for key, ref in sorted(latest.items()):
         run = runs.get(ref)
         base_ref, base_node = base_of[key]
-        pair = Pair(key[0], key[1], ref, base_ref, base_node, _node_of(run, None), _error_of(run))
+        pair = Pair(key[0], key[1], ref, base_ref, base_node, _node_of(run, "" if key[1] == "" else None),
+                    _error_of(run))
         pair.costs = {"baseline": node_cost(base_node), "candidate": node_cost(pair.candidate)}
         for e in evals:
             pair.scores[e] = {"baseline": _score(e, base_node),
