@@ -25,6 +25,8 @@ _READ_EXPORTS = {
     "Page": "otel_agenttape.tape.read",
     "RunNotFound": "otel_agenttape.tape.refs",
     "AmbiguousRunError": "otel_agenttape.tape.refs",
+    "experiment": "otel_agenttape.tape.experiment_api",
+    "Candidate": "otel_agenttape.tape.experiment",
 }
 
 __all__ = ["__version__", *_CAPTURE_EXPORTS, *_READ_EXPORTS]

@@ -180,8 +180,13 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="only runs recorded by this source (agenttape, otel-genai, openinference, openllmetry, ...)")
     p.add_argument("--session", default=None, help="only the runs (turns) of this session")
     p.add_argument("--since", default=None, metavar="T", help="only runs started at or after T (ISO date/time)")
+    p.add_argument("--experiment", default=None, metavar="NAME", help="only the runs of this experiment")
     p.add_argument("--json", action="store_true", help="print a JSON array")
     p.set_defaults(func=_verb("runs"))
+
+    from otel_agenttape.commands import experiment as _experiment
+
+    _experiment.add_parser(sub, _tape_source_args)
 
     p = sub.add_parser("sql", help="run one read-only SQL query (tables and views: docs/schema.md)")
     p.add_argument("query", metavar="QUERY")

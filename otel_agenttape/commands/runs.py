@@ -25,16 +25,26 @@ def runs(db: Any, limit: int = 20, as_json: bool = False, out: TextIO | None = N
     import pyarrow as pa
 
     from otel_agenttape.sources import open as open_tapes
+    from otel_agenttape.tape.read import Page
 
     out = out or sys.stdout
+    experiment = filters.pop("experiment", None)
     with open_tapes(db) as tapes:
-        page = tapes.runs(limit=int(limit), **{k: v for k, v in filters.items() if v is not None})
+        if experiment is not None:
+            listed = tapes.experiment_runs(experiment)
+            page = Page(listed[: int(limit)], len(listed), None)
+            marks = {r.ref: experiment for r in listed}
+        else:
+            page = tapes.runs(limit=int(limit), **{k: v for k, v in filters.items() if v is not None})
+            marks = tapes.experiment_of([r.ref for r in page.runs])
     if as_json:
-        out.write(json.dumps([r.to_dict() for r in page.runs], ensure_ascii=False, default=str) + "\n")
+        out.write(json.dumps([{**r.to_dict(), **({"experiment": marks[r.ref]} if r.ref in marks else {})}
+                              for r in page.runs], ensure_ascii=False, default=str) + "\n")
         return 0
-    rows = [{**r.to_dict(), "start_time": _iso(r.start_ns)} for r in page.runs]
-    table = pa.Table.from_pylist([{c: row[c] for c in _RUN_COLUMNS} for row in rows]) if rows else pa.table(
-        {c: pa.array([], pa.string()) for c in _RUN_COLUMNS})
+    columns = _RUN_COLUMNS + (("experiment",) if marks else ())
+    rows = [{**r.to_dict(), "start_time": _iso(r.start_ns), "experiment": marks.get(r.ref)} for r in page.runs]
+    table = pa.Table.from_pylist([{c: row[c] for c in columns} for row in rows]) if rows else pa.table(
+        {c: pa.array([], pa.string()) for c in columns})
     print_table(table, out, "text", whole=("ref", "parent_ref"))
     more = page.total - len(page.runs)
     if more > 0:
@@ -47,4 +57,5 @@ def run(args: argparse.Namespace) -> int:
     """List recorded runs, newest first."""
     with reported(*store_errors()):
         return runs(source_of(args), limit=args.limit, as_json=args.json, agent=args.agent, status=args.status,
-                    source=args.source, session=args.session, since=args.since)
+                    source=args.source, session=args.session, since=args.since,
+                    experiment=getattr(args, "experiment", None))

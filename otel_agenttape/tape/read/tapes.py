@@ -166,6 +166,35 @@ class Tapes:
         """The run's own spans as an OTLP JSON ``ExportTraceServiceRequest`` (``agenttape ingest`` takes it)."""
         return spans_otlp(self.reader, run_span_keys(self.reader, ref))
 
+    # --- experiments ---------------------------------------------------------------------------------
+
+    def experiments(self) -> list[dict[str, Any]]:
+        """One row per experiment recorded in the store (``agenttape experiment list``)."""
+        from ..experiment import experiment_list
+
+        return experiment_list(self)
+
+    def experiment_runs(self, name: str) -> list[RunSummary]:
+        """The runs of experiment ``name``, oldest first (``agenttape runs --experiment NAME``)."""
+        from ..experiment import experiment_refs
+
+        refs = list(experiment_refs(self, name))
+        found = by_refs(self.reader, refs)
+        return [found[r] for r in refs if r in found]
+
+    def experiment_of(self, refs: Sequence[str]) -> dict[str, str]:
+        """Which of ``refs`` are experiment runs: ref -> experiment name (``runs`` marks them)."""
+        from ..experiment import experiment_refs
+
+        mine = experiment_refs(self)
+        return {r: mine[r]["name"] for r in refs if r in mine}
+
+    def compare(self, name: str, *, baseline: str = "original", evals: Sequence[str] = ()) -> Any:
+        """``agenttape experiment compare``: the experiment's answers against the originals or another experiment."""
+        from ..experiment_compare import compare
+
+        return compare(self, name, baseline=baseline, evals=evals)
+
     # --- many runs, tapes, SQL ------------------------------------------------------------------------
 
     def dataset(self, out: str | os.PathLike[str] | IO[str], *, agent: str | None = None,
