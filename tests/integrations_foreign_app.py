@@ -177,38 +177,9 @@ def langgraph_handoff_program(kind: str, receiver: str, base_url: str, question:
 
     LangChainInstrumentor().instrument(tracer_provider=tp)
     from langchain_core.messages import HumanMessage
-    from langchain_core.tools import tool
-    from langchain_openai import ChatOpenAI
-    from langgraph.graph import START, MessagesState, StateGraph
-    from langgraph.types import Command
+    from zero_code_langgraph_app import handoff_graph
 
-    @tool
-    def get_weather(city: str) -> str:
-        """Current weather for a city."""
-        return json.dumps({"city": city, "temp": 57})
-
-    @tool
-    def transfer_to_specialist() -> str:
-        """Hand the question to the weather specialist."""
-        return "transferred"
-
-    model = ChatOpenAI(model="gpt-test", base_url=base_url, api_key="test", max_retries=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from langgraph.prebuilt import create_react_agent
-
-        specialist = create_react_agent(model, [get_weather], name="specialist", prompt="You know the weather.")
-
-    def triage(state: MessagesState) -> Command:
-        answer = model.bind_tools([transfer_to_specialist]).invoke(state["messages"])
-        wanted = {c["name"] for c in answer.tool_calls}
-        return Command(goto="specialist" if "transfer_to_specialist" in wanted else "__end__")
-
-    graph = StateGraph(MessagesState)
-    graph.add_node("triage", triage, destinations=("specialist",))
-    graph.add_node("specialist", specialist)
-    graph.add_edge(START, "triage")
-    app = graph.compile()
+    app = handoff_graph(base_url)
     out = app.invoke({"messages": [HumanMessage(question)]})
     print(out["messages"][-1].content, file=sys.stderr)
     tp.force_flush()

@@ -28,25 +28,30 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
                           env=env, timeout=120)
 
 
-@pytest.mark.skipif(INSTRUMENT is None, reason="opentelemetry-instrument is not installed")
-def test_an_instrumented_openai_app_records_sealed_runs(tmp_path):
-    db = str(tmp_path / "tape.duckdb")
+def _instrumented(db: str, app: str, *args: str, **variables: str) -> subprocess.CompletedProcess[str]:
+    """Run ``app`` (a test app with no telemetry code) under ``opentelemetry-instrument`` with our
+    distro, against a fake OpenAI server, into a fresh `agenttape serve` on ``db`` (stopped after)."""
     proc, info = serve(db)
     env = free_env()
     try:
         with FakeOpenAI() as fake:
-            app_env = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=info["url"], OTEL_SERVICE_NAME="weather",
-                           OTEL_PYTHON_DISTRO="agenttape", PYTHONPATH=os.pathsep.join(
-                               [str(HERE.parent), env.get("PYTHONPATH", "")]))
-            app = subprocess.run([sys.executable, INSTRUMENT, sys.executable, str(HERE / "zero_code_openai_app.py"),
-                                  fake.base_url], capture_output=True, text=True, env=app_env, timeout=120)
-        assert app.returncode == 0, app.stderr
-        assert "57" in app.stdout  # the app itself ran as without instrumentation
-        assert "agenttape" in app.stderr and "seal" in app.stderr.lower()  # the one startup line
+            app_env = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=info["url"], OTEL_PYTHON_DISTRO="agenttape",
+                           PYTHONPATH=os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")]), **variables)
+            return subprocess.run([sys.executable, INSTRUMENT, sys.executable, str(HERE / app), fake.base_url, *args],
+                                  capture_output=True, text=True, env=app_env, timeout=180)
     finally:
         code, err = stop(proc)
         assert code == 0, err
-    env = dict(env, AGENTTAPE_DB=db)
+
+
+@pytest.mark.skipif(INSTRUMENT is None, reason="opentelemetry-instrument is not installed")
+def test_an_instrumented_openai_app_records_sealed_runs(tmp_path):
+    db = str(tmp_path / "tape.duckdb")
+    app = _instrumented(db, "zero_code_openai_app.py", OTEL_SERVICE_NAME="weather")
+    assert app.returncode == 0, app.stderr
+    assert "57" in app.stdout  # the app itself ran as without instrumentation
+    assert "agenttape" in app.stderr and "seal" in app.stderr.lower()  # the one startup line
+    env = free_env()
     runs = _cli("runs", "--db", db, "--json", env=env)
     assert runs.returncode == 0, runs.stderr
     listed = [json.loads(line) for line in runs.stdout.splitlines() if line.strip()]
@@ -68,25 +73,14 @@ def test_an_instrumented_openai_app_records_sealed_runs(tmp_path):
 @pytest.mark.skipif(INSTRUMENT is None, reason="opentelemetry-instrument is not installed")
 def test_an_instrumented_langgraph_app_records_one_sealed_run_with_its_question_and_answer(tmp_path):
     db = str(tmp_path / "graph.duckdb")
-    proc, info = serve(db)
+    # the OpenAI SDK's own instrumentation would record each ChatOpenAI call again, as a trace of its
+    # own (OpenInference's LangChain spans are not made current for the SDK call)
+    app = _instrumented(db, "zero_code_langgraph_app.py", "Weather in Lyon?", OTEL_SERVICE_NAME="graph",
+                        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai")
+    assert app.returncode == 0, app.stderr
+    assert "57F in Lyon" in app.stdout
+    assert "openinference-instrumentation-langchain" in app.stderr  # the startup line names it
     env = free_env()
-    try:
-        with FakeOpenAI() as fake:
-            app_env = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=info["url"], OTEL_SERVICE_NAME="graph",
-                           OTEL_PYTHON_DISTRO="agenttape",
-                           # the OpenAI SDK's own instrumentation would record each ChatOpenAI call again,
-                           # as a trace of its own (OpenInference's LangChain spans are not made current)
-                           OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai", PYTHONPATH=os.pathsep.join(
-                               [str(HERE.parent), env.get("PYTHONPATH", "")]))
-            app = subprocess.run([sys.executable, INSTRUMENT, sys.executable, str(HERE / "zero_code_langgraph_app.py"),
-                                  fake.base_url, "Weather in Lyon?"], capture_output=True, text=True, env=app_env,
-                                 timeout=180)
-        assert app.returncode == 0, app.stderr
-        assert "57F in Lyon" in app.stdout
-        assert "openinference-instrumentation-langchain" in app.stderr  # the startup line names it
-    finally:
-        code, err = stop(proc)
-        assert code == 0, err
     runs = _cli("runs", "--db", db, "--json", env=env)
     assert runs.returncode == 0, runs.stderr
     listed = json.loads(runs.stdout)

@@ -31,7 +31,8 @@ def transfer_to_specialist() -> str:
     return "transferred"
 
 
-def main(base_url: str, question: str) -> None:
+def handoff_graph(base_url: str):  # noqa: ANN201 - a compiled LangGraph graph
+    """The two-agent graph, compiled (the foreign-convention tests trace the same graph by hand)."""
     model = ChatOpenAI(model="gpt-test", base_url=base_url, api_key="test", max_retries=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -48,7 +49,11 @@ def main(base_url: str, question: str) -> None:
     graph.add_node("triage", triage, destinations=("specialist",))
     graph.add_node("specialist", specialist)
     graph.add_edge(START, "triage")
-    out = graph.compile().invoke({"messages": [HumanMessage(question)]})
+    return graph.compile()
+
+
+def main(base_url: str, question: str) -> None:
+    out = handoff_graph(base_url).invoke({"messages": [HumanMessage(question)]})
     print(out["messages"][-1].content, flush=True)
 
 
