@@ -12,7 +12,6 @@ its summary names the batch (``agenttape.batch``) and the sha256 of each file it
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import random
 import time
@@ -24,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from otel_agenttape.store import parquet as pqlake
+from otel_agenttape.store.lake.files import size_and_hash
 from otel_agenttape.store.lake.fs import LakeError, LakeFS, lake_fs
 from otel_agenttape.store.lake.iceberg_catalog import TRACE_BUCKETS, arrow_schema, conform
 
@@ -99,7 +99,7 @@ def write_data_file(tbl: Any, fs: LakeFS, key: str, table: str, t: pa.Table, par
         with pq.ParquetWriter(tmp, sch, **pqlake.writer_options(sch.names, level)) as w:
             w.write_table(t, row_group_size=pqlake.ROW_GROUP_ROWS)
         md = pq.read_metadata(tmp)
-        size, digest = _size_and_hash(tmp)
+        size, digest = size_and_hash(tmp)
     return data_file(tbl, fs.path(key) if fs.local else f"s3://{fs.path(key)}", md, size, partition), digest
 
 
@@ -122,16 +122,6 @@ def data_file(tbl: Any, path: str, md: Any, size: int, partition: tuple[Any, ...
         content=DataFileContent.DATA, file_path=path, file_format=FileFormat.PARQUET,
         partition=Record(*(partition or ())), file_size_in_bytes=size, sort_order_id=tbl.sort_order().order_id,
         spec_id=tbl.spec().spec_id, equality_ids=None, key_metadata=None, **stats.to_serialized_dict())
-
-
-def _size_and_hash(path: str) -> tuple[int, str]:
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(8 * 1024 * 1024):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
 
 
 def batch_committed(tbl: Any, receiver: str, seq: int) -> bool:
