@@ -107,7 +107,7 @@ def format_usd(usd: float | None) -> str:
         return "$0"
     if abs(usd) >= 1:
         return f"${usd:,.2f}"
-    return f"${usd:.4f}" if abs(usd) >= 0.0001 else f"${usd:.2g}"
+    return f"${usd:.4f}" if abs(usd) >= 0.0001 else f"${usd:.6f}"
 
 
 def _snapshot() -> Any:
