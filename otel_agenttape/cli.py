@@ -45,6 +45,13 @@ def _tape_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--otlp", metavar="FILE", nargs="+", default=None,
                    help="read OTLP files (JSON, JSON lines, protobuf, .gz) instead of --db")
     _lake_read_arg(p)
+    _prices_arg(p)
+
+
+def _prices_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prices", metavar="FILE", default=None,
+                   help="per-model prices per million tokens (JSON or YAML) over genai-prices' "
+                        "(env AGENTTAPE_PRICES)")
 
 
 def _lake_read_arg(p: argparse.ArgumentParser) -> None:
@@ -82,6 +89,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="*", metavar="FILE", help="OTLP files (JSON, JSON lines, protobuf, .gz)")
     p.add_argument("--db", default=None, help="DuckDB tape store (env AGENTTAPE_DB, default ./agenttape.duckdb)")
     p.add_argument("--lake", metavar="DIR", default=None, help="a Parquet lake folder")
+    _prices_arg(p)
     p.add_argument("--host", default=_env("CONSOLE_HOST", "127.0.0.1"), help="bind address (default %(default)s)")
     p.add_argument("--port", type=int, default=None, help="port, 0 = any free one (env AGENTTAPE_CONSOLE_PORT, "
                    "default 4380)")
