@@ -127,6 +127,18 @@ def overview() -> dict:
         P("timeseries", "Tokens per second by model and type (multiply by your price per token)", [
             (f"sum by (gen_ai_request_model, gen_ai_token_type) (rate(gen_ai_client_token_usage_sum[{RATE}]))",
              "{{gen_ai_request_model}} {{gen_ai_token_type}}")], "short", ("model",)),
+        P("timeseries", "Cost per hour (USD) by agent and model", [
+            (f"3600 * sum by (gen_ai_agent_name, gen_ai_request_model) "
+             f"(rate(agenttape_gen_ai_cost_usd_total[{RATE}]))", "{{gen_ai_agent_name}} {{gen_ai_request_model}}")],
+          "currencyUSD", ("agent", "model"),
+          "Priced at ingest from genai-prices and the receiver's AGENTTAPE_PRICES overrides."),
+        P("table", "Cost in the time range (USD) by service and model", [
+            (f"sum by (service_name, gen_ai_request_model) (increase(agenttape_gen_ai_cost_usd_total[{RANGE}]))",
+             "{{service_name}} {{gen_ai_request_model}}")], "currencyUSD", ("service", "model")),
+        P("table", "Model calls without a price in the time range (their cost is unknown)", [
+            (f"sum by (gen_ai_request_model) (increase(agenttape_gen_ai_unpriced_calls_total[{RANGE}])) or "
+             f"sum by (gen_ai_request_model) (increase({dur}_count[{RANGE}])) * 0", "{{gen_ai_request_model}}")],
+          "short", ("model",), "Give such models a price with AGENTTAPE_PRICES (per-model prices per million tokens)."),
         P("table", "Tokens in the time range by model", [
             (f"sum by (gen_ai_request_model, gen_ai_token_type) (increase(gen_ai_client_token_usage_sum[{RANGE}]))",
              "{{gen_ai_request_model}} {{gen_ai_token_type}}")], "short", ("model",)),
@@ -173,6 +185,9 @@ def agent() -> dict:
         P("timeseries", "Tokens per second by model and type", [
             (f"sum by (gen_ai_token_type, {by_m}) (rate(gen_ai_client_token_usage_sum{{{DRILL_MODEL}}}[{RATE}]))",
              "{{gen_ai_request_model}} {{gen_ai_token_type}}")], "short", ("agent", "model", "service")),
+        P("timeseries", "Cost per hour (USD) by model", [
+            (f"3600 * sum by ({by_m}) (rate(agenttape_gen_ai_cost_usd_total{{{DRILL_MODEL}}}[{RATE}]))",
+             "{{gen_ai_request_model}}")], "currencyUSD", ("agent", "model", "service")),
         P("timeseries", "Model call latency p50 / p95", [
             (q(0.5, dur, by_m, DRILL_MODEL), "p50 {{gen_ai_request_model}}"),
             (q(0.95, dur, by_m, DRILL_MODEL), "p95 {{gen_ai_request_model}}")], "s", ("agent", "model", "service")),

@@ -166,6 +166,7 @@ class Prices:
         self.path = path
         self._models: dict[tuple[str | None, str], Any] = {}
         self._rates: dict[int, Rates | None] = {}
+        self._keep: list[Any] = []
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None) -> Prices:
@@ -205,32 +206,39 @@ class Prices:
                 pass
         return _NO_PRICE
 
+    def rates(self, provider: str | None, model: str | None, at_ns: int | None = None) -> Rates | None | bool:
+        """A model's per-token ``Rates`` at a time; None when it has no price; True when its price is
+        tiered (not linear in tokens: price each call with ``call_usd``)."""
+        found = self.lookup(provider, model)
+        if found is None or isinstance(found, Rates):
+            return found
+        _, info = found
+        when = datetime.fromtimestamp(at_ns / 1e9, UTC) if at_ns else datetime.now(UTC)
+        model_price = info.get_prices(when)
+        key = id(model_price)
+        if key not in self._rates:
+            self._rates[key] = _rates_of(model_price)
+            self._keep.append(model_price)  # the id stays this object's
+        rates = self._rates[key]
+        return True if rates is None else rates
+
     def call_usd(self, provider: str | None, model: str | None, input_tokens: int | None,
                  output_tokens: int | None, cache_read: int | None = None, cache_write: int | None = None,
                  at_ns: int | None = None) -> float | None:
         """The dollars of one call, or None: no price for the model, or no token counts recorded."""
         if input_tokens is None and output_tokens is None:
             return None
-        found = self.lookup(provider, model)
-        if found is None:
+        rates = self.rates(provider, model, at_ns)
+        if rates is None:
             return None
         i, o = int(input_tokens or 0), int(output_tokens or 0)
         cr, cw = int(cache_read or 0), int(cache_write or 0)
-        if isinstance(found, Rates):
-            return found.cost(i, o, cr, cw)
-        prov, info = found
-        when = datetime.fromtimestamp(at_ns / 1e9, UTC) if at_ns else datetime.now(UTC)
-        model_price = info.get_prices(when)
-        key = id(model_price)
-        if key not in self._rates:
-            self._rates[key] = _rates_of(model_price)
-            self._keep = getattr(self, "_keep", [])
-            self._keep.append(model_price)  # the id stays this object's
-        rates = self._rates[key]
-        if rates is not None:
+        if isinstance(rates, Rates):
             return rates.cost(i, o, cr, cw)
         from genai_prices.types import Usage
 
+        prov, info = self.lookup(provider, model)
+        when = datetime.fromtimestamp(at_ns / 1e9, UTC) if at_ns else datetime.now(UTC)
         usage = Usage(input_tokens=i, output_tokens=o, cache_read_tokens=cr or None,
                       cache_write_tokens=cw or None)
         return float(info.calc_price(usage, prov, genai_request_timestamp=when).total_price)

@@ -25,7 +25,16 @@ LOCAL_MODEL = "acme-local-llama-70b"  # no price anywhere but an override
 
 
 def record(tmp: Path) -> str:
-    """Record the runs and store them in ``tmp/cost.duckdb``; returns the db path.
+    """Record the runs (``recorded_spans``) and store them in ``tmp/cost.duckdb``; returns the db path."""
+    pb = tmp / "cost.pb"
+    pb.write_bytes(encode_spans(recorded_spans()).SerializeToString())
+    db = str(tmp / "cost.duckdb")
+    ingest_files([str(pb)], db)
+    return db
+
+
+def recorded_spans() -> list:
+    """The finished spans of the runs, through the capture API and an in-memory exporter.
 
     Runs: ``planner`` (session s1: one OpenAI call, one Anthropic call) with child ``helper`` (one call
     to the local model and one OpenAI call), and ``second`` (session s1: the local model only)."""
@@ -50,11 +59,7 @@ def record(tmp: Path) -> str:
         assert tape.force_flush()
     finally:
         tape.shutdown()
-    pb = tmp / "cost.pb"
-    pb.write_bytes(encode_spans(list(exporter.get_finished_spans())).SerializeToString())
-    db = str(tmp / "cost.duckdb")
-    ingest_files([str(pb)], db)
-    return db
+    return list(exporter.get_finished_spans())
 
 
 if __name__ == "__main__":  # a store to look at by hand

@@ -65,3 +65,34 @@ def test_overrides_and_cli(db, tmp_path, capsys, monkeypatch):
     with pytest.raises(PricesFileError, match="negative"):
         Prices.load(bad)
     assert main(["show", "run-second", "--db", db, "--prices", str(bad)]) == 2
+
+
+def test_receiver_prices_calls_as_it_stores_them(db, tmp_path, monkeypatch):
+    """The receiver's cost series (by provider, model, agent, service) hold the dollars the read side
+    computes for the same calls; calls without a price are counted, never priced at 0."""
+    import httpx
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cost_support import recorded_spans
+    from otel_agenttape.receiver.server import TapeServer
+
+    srv = TapeServer(str(tmp_path / "live.duckdb"), http_port=0, grpc_port=0, ingest_workers=0).start()
+    try:
+        r = httpx.post(f"{srv.url}/v1/traces", content=encode_spans(recorded_spans()).SerializeToString(),
+                       headers={"Content-Type": "application/x-protobuf"}, timeout=10)
+        assert r.status_code == 200 and srv.wait_idle(10)
+        samples = [s for fam in text_string_to_metric_families(httpx.get(f"{srv.url}/metrics").text)
+                   for s in fam.samples]
+    finally:
+        srv.stop()
+    usd = {(s.labels["gen_ai_agent_name"], s.labels["gen_ai_request_model"]): s.value
+           for s in samples if s.name == "agenttape_gen_ai_cost_usd_total"}
+    assert usd == {("planner", "gpt-4o"): pytest.approx(OPENAI_USD),
+                   ("planner", "claude-3-5-sonnet-20241022"): pytest.approx(ANTHROPIC_USD),
+                   ("helper", "gpt-4o"): pytest.approx(OPENAI_USD)}
+    unpriced = {s.labels["gen_ai_agent_name"]: s.value for s in samples
+                if s.name == "agenttape_gen_ai_unpriced_calls_total"}
+    assert unpriced == {"helper": 1, "second": 1}
+    with otel_agenttape.open(db) as t:  # the same dollars as the read side's
+        assert sum(usd.values()) == pytest.approx(t.cost("run-planner", tree=True)["usd"])

@@ -51,9 +51,12 @@ def _stop(proc: subprocess.Popen) -> None:
 def stack(tmp_path_factory):
     """(prometheus URL, values seen per label): agenttape serve fed by the demo, scraped every second."""
     tmp = tmp_path_factory.mktemp("prom")
+    # the demo's model is self-hosted: the receiver prices it from an override file, as a team would
+    (tmp / "prices.yaml").write_text("demo-model-1:\n  input_mtok: 0.5\n  output_mtok: 1.5\n")
     serve = subprocess.Popen([sys.executable, "-m", "otel_agenttape", "serve", "--db", str(tmp / "t.duckdb"),
                               "--http-port", "0", "--grpc-port", "0", "--ingest-workers", "0", "--json"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=free_env())
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**free_env(), "AGENTTAPE_PRICES": str(tmp / "prices.yaml")})
     prom = None
     try:
         info = json.loads(serve.stdout.readline())
@@ -176,6 +179,11 @@ def test_drill_down_values_are_those_of_the_demo(stack):
     errors = _query(stack, "sum by (gen_ai_tool_name, error_type) (agenttape_tool_errors_total)")
     assert [(r["metric"]["gen_ai_tool_name"], r["metric"]["error_type"], r["value"][1]) for r in errors] == [
         ("fetch_page", "ConnectionError", "1")]
+    # the cost panels' dollars: the demo's tokens at the override's price (0.5 in, 1.5 out per million)
+    tokens = {r["metric"]["gen_ai_token_type"]: float(r["value"][1]) for r in _query(
+        stack, "sum by (gen_ai_token_type) (gen_ai_client_token_usage_sum)")}
+    (cost,) = _query(stack, "sum(agenttape_gen_ai_cost_usd_total)")
+    assert float(cost["value"][1]) == pytest.approx((tokens["input"] * 0.5 + tokens["output"] * 1.5) / 1e6)
 
 
 def test_promtool_accepts_the_shipped_prometheus_config(tmp_path):

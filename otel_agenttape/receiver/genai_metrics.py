@@ -26,7 +26,9 @@ from prometheus_client.registry import Collector
 from otel_agenttape.receiver.chain_links import ChainLinks
 from otel_agenttape.receiver.metric_state import CounterState, HistogramState, LabelCap, families, new_runs
 from otel_agenttape.receiver.metrics import GENAI_DURATION_BUCKETS
+from otel_agenttape.pricing import Prices
 from otel_agenttape.receiver.run_steps import OpenRuns
+from otel_agenttape.receiver.span_cost import batch_usd
 from otel_agenttape.receiver.span_labels import BatchLabels, flat, rows_containing, seconds, true_mask
 
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
@@ -49,12 +51,14 @@ _CHAIN_COLUMNS = ["chain_id", "chain_epoch", "chain_seq", "chain_prev", "chain_h
 _MODEL = ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "gen_ai_agent_name", "service_name")
 _RUN = ("gen_ai_agent_name", "status", "service_name")
 _TOOL = ("gen_ai_tool_name", "gen_ai_agent_name", "service_name")
+_COST = ("gen_ai_provider_name", "gen_ai_request_model", "gen_ai_agent_name", "service_name")
 
 
 class SpanMetrics(Collector):
     """GenAI and agent metrics of the stored spans; a ``prometheus_client`` collector."""
 
-    def __init__(self) -> None:
+    def __init__(self, prices: Prices | None = None) -> None:
+        self.prices = prices if prices is not None else Prices.load()
         self.caps = {name: LabelCap(name, limit) for name, limit in LABEL_CAPS.items()}
         H, C = HistogramState, CounterState
         self.token_usage = H("gen_ai_client_token_usage", "Tokens per GenAI operation (gen_ai.usage.*), by type.",
@@ -65,6 +69,11 @@ class SpanMetrics(Collector):
         self.ttfc = H("gen_ai_client_operation_time_to_first_chunk_seconds",
                       "Time from a streamed model call's start to its first text or reasoning event.",
                       _MODEL, GENAI_DURATION_BUCKETS)
+        self.cost = C("agenttape_gen_ai_cost_usd_total",
+                      "Dollars of model calls priced at ingest (genai-prices and AGENTTAPE_PRICES overrides).", _COST)
+        self.unpriced = C("agenttape_gen_ai_unpriced_calls_total",
+                          "Model calls without a price (unknown model or no token counts): their cost is unknown.",
+                          _COST)
         self.runs = C("agenttape_runs_total", "Agent runs (invoke_agent spans) by agent and final status.", _RUN)
         self.run_duration = H("agenttape_run_duration_seconds", "Duration of agent runs.", _RUN,
                               AGENT_DURATION_BUCKETS)
@@ -158,6 +167,13 @@ class SpanMetrics(Collector):
                 values = values[rows]
             self.token_usage.add_sets(labels.groups(_MODEL), rows, values, (typ,))
             self.legacy_tokens.add_sets(labels.groups(("legacy_model",)), rows, values, (typ,))
+        if len(client):
+            usd, priced = batch_usd(spans, client, self.prices)
+            sets = labels.groups(_COST)
+            if priced.any():
+                self.cost.add_sets(sets, client[priced], usd[priced])
+            if not priced.all():
+                self.unpriced.add_sets(sets, client[~priced])
         if events is not None and events.num_rows and len(client):
             self._first_chunk(spans, client, labels, events)
 
