@@ -96,3 +96,22 @@ def test_receiver_prices_calls_as_it_stores_them(db, tmp_path, monkeypatch):
     assert unpriced == {"helper": 1, "second": 1}
     with otel_agenttape.open(db) as t:  # the same dollars as the read side's
         assert sum(usd.values()) == pytest.approx(t.cost("run-planner", tree=True)["usd"])
+
+
+def test_sql_reads_call_costs(db, capsys):
+    """``call_costs`` in SQL: every model call with its dollars, null (not 0) without a price; the store
+    itself is unchanged (it is computed in memory for the query that names it)."""
+    with otel_agenttape.open(db) as t:
+        by_agent = {r["agent"]: r for r in t.sql(
+            "SELECT agent, sum(usd) AS usd, count(*) AS calls, count(usd) AS priced FROM call_costs "
+            "GROUP BY agent").to_pylist()}
+        assert by_agent["planner"]["usd"] == pytest.approx(OPENAI_USD + ANTHROPIC_USD)
+        assert (by_agent["helper"]["calls"], by_agent["helper"]["priced"]) == (2, 1)
+        assert by_agent["second"]["usd"] is None
+        joined = t.sql("SELECT r.agent, sum(c.usd) AS usd FROM runs r JOIN call_costs c ON c.ref = r.ref "
+                       "WHERE r.agent = 'planner' GROUP BY r.agent").to_pylist()
+        assert joined == [{"agent": "planner", "usd": pytest.approx(OPENAI_USD + ANTHROPIC_USD)}]
+        assert "call_costs" not in {r["table_name"] for r in t.sql(
+            "SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM duckdb_views()").to_pylist()}
+    assert main(["sql", "SELECT model, usd, price FROM call_costs WHERE agent = 'second'", "--db", db]) == 0
+    assert LOCAL_MODEL in capsys.readouterr().out

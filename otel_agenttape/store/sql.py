@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import duckdb
@@ -198,15 +198,17 @@ def _ensure_locked(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _run_guarded(reader: ConnectionReader, sql: str, select_sql: str, params: Sequence[Any] | None,
-                 timeout: float | None) -> pa.Table:
+                 timeout: float | None, relations: Mapping[str, pa.Table] | None = None) -> pa.Table:
     """Plan check, then the query on its own cursor in a transaction that is rolled back."""
     cur = reader.new_cursor()
     timer: threading.Timer | None = None
     fired = threading.Event()
     try:
         _ensure_locked(cur)
+        for name, table in (relations or {}).items():  # in-memory Arrow tables, seen by this cursor only
+            cur.register(name, table)
         cur.begin()
-        check_plan(cur, select_sql, params, registered_scans=bool(reader.registered))
+        check_plan(cur, select_sql, params, registered_scans=bool(reader.registered or relations))
         if timeout and timeout > 0:
             def stop() -> None:
                 fired.set()
@@ -232,12 +234,17 @@ def _run_guarded(reader: ConnectionReader, sql: str, select_sql: str, params: Se
 
 
 def run_readonly_sql(reader: Reader, sql: str, params: Sequence[Any] | None = None,
-                     timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> pa.Table:
+                     timeout: float | None = DEFAULT_QUERY_TIMEOUT,
+                     relations: Mapping[str, pa.Table] | None = None) -> pa.Table:
     """Run one read-only query and return its rows; ``QueryError`` with a clear message otherwise,
-    ``QueryTimeout`` when it ran past ``timeout`` seconds (None or 0: no limit)."""
+    ``QueryTimeout`` when it ran past ``timeout`` seconds (None or 0: no limit). ``relations`` are
+    Arrow tables the query may read by name besides the store's (computed by the caller, e.g. prices)."""
     select_sql = check_readonly(sql)
     if isinstance(reader, ConnectionReader):
-        return _run_guarded(reader, sql, select_sql, params, timeout)
+        return _run_guarded(reader, sql, select_sql, params, timeout, relations)
     if isinstance(reader, HttpReader):  # the server applies every guard again, with its own limit
+        if relations:
+            raise QueryError(f"{', '.join(sorted(relations))}: computed where the store is read; query the "
+                             "store or lake itself, not a server")
         return reader.query(sql, params, timeout=timeout)
     raise QueryError(f"refusing to run user SQL on a {type(reader).__name__}: no read-only guard for it")

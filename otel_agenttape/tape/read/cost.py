@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from ... import semconv as sc
 from ...pricing import Cost, Prices
 from ...store.runs_view import OURS_ROLE, json_paths, roles_select
@@ -42,30 +44,39 @@ def _marks(values: Sequence[Any]) -> str:
     return ", ".join("?" for _ in values)
 
 
-def ours_calls(reader: Reader, refs: Sequence[str], lo: int | None = None, hi: int | None = None
+def ours_calls(reader: Reader, refs: Sequence[str] | None, lo: int | None = None, hi: int | None = None
                ) -> list[dict[str, Any]]:
-    """The model calls of agenttape runs (``RUN_ID@TRACE_ID``), one row each with its ``ref``."""
-    if not refs:
+    """The model calls of agenttape runs (``RUN_ID@TRACE_ID``; None: every run), one row each with its ``ref``."""
+    if refs is not None and not refs:
         return []
-    runs = sorted({r.rpartition("@")[0] for r in refs})
-    traces = sorted({r.rpartition("@")[2] for r in refs})
     window = f"start_time_unix_nano BETWEEN {int(lo)} AND {int(hi)} AND " if lo is not None and hi is not None else ""
     c_list, cols = _extras("attributes", "provider_name")
-    sql = (f"SELECT run_id || '@' || trace_id AS ref, span_id, provider_name AS provider, "
-           f"coalesce(response_model, request_model) AS model, input_tokens, output_tokens, "
-           f"start_time_unix_nano AS start_ns, {cols} "
-           f"FROM (SELECT *, {c_list} AS c FROM spans WHERE {window}trace_id IN ({_marks(traces)}) "
-           f"AND run_id IN ({_marks(runs)}) AND ({OURS_ROLE}) = 'model')")
+    params: list[Any] = []
+    where = f"{window}run_id IS NOT NULL"
+    if refs is not None:
+        runs = sorted({r.rpartition("@")[0] for r in refs})
+        traces = sorted({r.rpartition("@")[2] for r in refs})
+        where = f"{window}trace_id IN ({_marks(traces)}) AND run_id IN ({_marks(runs)})"
+        params = [*traces, *runs]
+    sql = (f"SELECT run_id || '@' || trace_id AS ref, trace_id, span_id, agent_name AS agent, "
+           f"provider_name AS provider, coalesce(response_model, request_model) AS model, input_tokens, "
+           f"output_tokens, start_time_unix_nano AS start_ns, {cols} "
+           f"FROM (SELECT *, {c_list} AS c FROM spans WHERE {where} AND ({OURS_ROLE}) = 'model')")
+    found = [_tidy(r) for r in _rows(reader, sql, params)]
+    if refs is None:
+        return found
     wanted = set(refs)
-    return [_tidy(r) for r in _rows(reader, sql, [*traces, *runs]) if r["ref"] in wanted]
+    return [r for r in found if r["ref"] in wanted]
 
 
-def foreign_calls(reader: Reader, trace_ids: Sequence[str]) -> list[dict[str, Any]]:
-    """The model calls of other instrumentations' runs in these traces, each under the run span that owns
-    it (up to the next run span, as the ``runs`` view counts them) or, with no run span, its trace."""
-    if not trace_ids:
+def foreign_calls(reader: Reader, trace_ids: Sequence[str] | None) -> list[dict[str, Any]]:
+    """The model calls of other instrumentations' runs in these traces (None: every trace), each under
+    the run span that owns it (up to the next run span, as the ``runs`` view counts them) or, with no
+    run span, its trace."""
+    if trace_ids is not None and not trace_ids:
         return []
-    src = f"(SELECT * FROM spans WHERE trace_id IN ({_marks(trace_ids)}))"
+    in_traces = "TRUE" if trace_ids is None else f"trace_id IN ({_marks(trace_ids)})"
+    src = f"(SELECT * FROM spans WHERE {in_traces})"
     c_list, cols = _extras("s.attributes", "s.provider_name")
     sql = f"""
 WITH RECURSIVE sr AS MATERIALIZED ({roles_select(src)}),
@@ -82,12 +93,13 @@ m AS (
   FROM sr x LEFT JOIN owners w ON w.trace_id = x.trace_id AND w.span_id = x.span_id
   WHERE x.role = 'model' AND x.run_id IS NULL
 )
-SELECT m.ref, m.span_id, m.model, m.input_tokens, m.output_tokens, m.start_ns,
+SELECT m.ref, m.trace_id, m.span_id, s.agent_name AS agent, m.model, m.input_tokens, m.output_tokens, m.start_ns,
   {cols}
-FROM m JOIN (SELECT *, {c_list} AS c FROM spans s WHERE s.trace_id IN ({_marks(trace_ids)})) s
+FROM m JOIN (SELECT *, {c_list} AS c FROM spans s WHERE {in_traces.replace("trace_id", "s.trace_id")}) s
   ON s.trace_id = m.trace_id AND s.span_id = m.span_id
 """
-    return [_tidy(r) for r in _rows(reader, sql, [*trace_ids, *trace_ids])]
+    params = [] if trace_ids is None else [*trace_ids, *trace_ids]
+    return [_tidy(r) for r in _rows(reader, sql, params)]
 
 
 def _tidy(row: dict[str, Any]) -> dict[str, Any]:
@@ -172,3 +184,26 @@ def total_of(summaries: Iterable[Any]) -> dict[str, Any]:
         total.add(Cost(usd=s.cost_usd if s.priced_calls else None, priced_calls=s.priced_calls,
                        unpriced_calls=s.unpriced_calls))
     return total.to_json()
+
+
+CALL_COSTS = "call_costs"
+_CALL_COST_FIELDS = [("ref", pa.string()), ("trace_id", pa.string()), ("span_id", pa.string()),
+                     ("agent", pa.string()), ("provider", pa.string()), ("model", pa.string()),
+                     ("input_tokens", pa.int64()), ("output_tokens", pa.int64()),
+                     ("cache_read_tokens", pa.int64()), ("cache_write_tokens", pa.int64()),
+                     ("start_time_unix_nano", pa.int64()), ("usd", pa.float64()), ("price", pa.string())]
+
+
+def call_costs(reader: Reader, prices: Prices) -> pa.Table:
+    """Every model call of the store with its dollars (``usd`` null when it has no price) and where the
+    price came from: the ``call_costs`` table ``agenttape sql`` adds to the store's tables."""
+    rows = ours_calls(reader, None) + foreign_calls(reader, None)
+    out: dict[str, list[Any]] = {name: [] for name, _ in _CALL_COST_FIELDS}
+    for c in rows:
+        usd = prices.call_usd(c["provider"], c["model"], c["input_tokens"], c["output_tokens"],
+                              c["cache_read_tokens"], c["cache_write_tokens"], c["start_ns"])
+        c = {**c, "start_time_unix_nano": c["start_ns"], "usd": usd,
+             "price": prices.price_source(c["provider"], c["model"]) if usd is not None else None}
+        for name, _ in _CALL_COST_FIELDS:
+            out[name].append(c.get(name))
+    return pa.table({name: pa.array(out[name], type=t) for name, t in _CALL_COST_FIELDS})

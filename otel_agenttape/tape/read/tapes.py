@@ -18,7 +18,7 @@ from ..model import Run
 from ..rebuild import reconstruct, reconstruct_tree, run_span_keys
 from ..refs import RunNotFound, resolve
 from ...pricing import Prices
-from .cost import add_tree_cost, calls_of_runs, price_summaries, run_cost, total_of
+from .cost import CALL_COSTS, add_tree_cost, call_costs, calls_of_runs, price_summaries, run_cost, total_of
 from .filters import Filters, as_ns
 from .kept import store_version
 from .listing import all_matching, by_refs, page, trace_runs
@@ -332,7 +332,13 @@ class Tapes:
 
     def sql(self, query: str, params: Sequence[Any] | None = None, timeout: float | None = 30.0) -> Any:
         """One read-only query (a ``pyarrow.Table``); writes and file access are refused, and the query is
-        interrupted after ``timeout`` seconds (None or 0: no limit)."""
+        interrupted after ``timeout`` seconds (None or 0: no limit). Besides the store's tables and views
+        it may read ``call_costs`` (every model call priced now by ``prices``), computed only when named."""
+        import re
+
         from ...store.sql import run_readonly_sql
 
-        return run_readonly_sql(self.reader, query, params, timeout=timeout)
+        relations = None
+        if re.search(rf"\b{CALL_COSTS}\b", query, re.IGNORECASE):
+            relations = {CALL_COSTS: call_costs(self.reader, self.prices)}
+        return run_readonly_sql(self.reader, query, params, timeout=timeout, relations=relations)
