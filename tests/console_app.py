@@ -138,6 +138,36 @@ def record_nested(server: Any, depth: int = 3) -> str:
     return rid
 
 
+PRICED_OPENAI_USAGE = {"prompt_tokens": 1000, "completion_tokens": 500, "prompt_tokens_details": {"cached_tokens": 200}}
+PRICED_OPENAI_USD = (800 * 2.5 + 200 * 1.25 + 500 * 10) / 1e6  # gpt-4o in genai-prices: $0.00725
+
+
+def record_priced(server: Any) -> str:
+    """A session ``cost-session`` of two turns: ``buyer`` (a gpt-4o call) with a child ``pricer`` (a
+    gpt-4o call and a call to a self-hosted model that has no price), then ``buyer-2`` (the self-hosted
+    model only). Returns the first turn's run id."""
+    tape = recorder(server, "priced-app")
+    try:
+        with tape.run(agent="buyer", session_id="cost-session", input="buy") as run:
+            with run.model_call(model="gpt-4o", provider="openai", messages="plan") as call:
+                call.finish(text="a plan", usage=PRICED_OPENAI_USAGE)
+            with run.child(agent="pricer", input="price it") as child:
+                with child.model_call(model="acme-local-70b", provider="vllm", messages="guess") as call:
+                    call.finish(text="guessed", usage={"prompt_tokens": 10, "completion_tokens": 5})
+                with child.model_call(model="gpt-4o", provider="openai", messages="again") as call:
+                    call.finish(text="again", usage=PRICED_OPENAI_USAGE)
+                child.set_output("priced")
+            run.set_output("bought")
+            rid = run.run_id
+        with tape.run(agent="buyer-2", session_id="cost-session", input="again") as run:
+            with run.model_call(model="acme-local-70b", provider="vllm", messages="hi") as call:
+                call.finish(text="hello", usage={"prompt_tokens": 10, "completion_tokens": 5})
+            run.set_output("hello")
+    finally:
+        tape.shutdown()
+    return rid
+
+
 def record_hostile(server: Any) -> str:
     """A run whose content is HTML that would run script if a page ever parsed it as HTML."""
     tape = recorder(server, "hostile-app")

@@ -23,9 +23,11 @@ from console_app import (
     FLEET_CHILDREN,
     XSS_SCRIPT,
     XSS_TOOL_RESULT,
+    PRICED_OPENAI_USD,
     record_fleet,
     record_hostile,
     record_nested,
+    record_priced,
     recorder,
 )
 
@@ -76,7 +78,8 @@ def console(tmp_path_factory):
         assert proc.returncode == 0, proc.stderr[-2000:]
         foreign_trace = proc.stdout.strip().splitlines()[-1]
         ids = {"demo": demo, "foreign": foreign_trace, "fleet": record_fleet(server),
-               "nested": record_nested(server), "hostile": record_hostile(server)}
+               "nested": record_nested(server), "priced": record_priced(server),
+               "hostile": record_hostile(server)}
         assert server.wait_idle(60), Path(server.log).read_text()[-3000:]
         yield server.url, ids, server
     finally:
@@ -274,6 +277,45 @@ def test_session_and_diff_pages(page, console, shots):
     row = page.inner_text("#diff tr.diverge")
     assert '"city": 1' in row and '"city": 2' in row
     page.screenshot(path=str(shots / "11-diff.png"), full_page=True)
+
+
+def _usd(n: float) -> str:
+    return f"${n:.4f}"
+
+
+def test_cost_in_the_list_run_page_tree_and_session(page, console, shots):
+    """Dollars from genai-prices in the runs column, the run page, its nodes, the tree's total and the
+    session's; a call without a price makes a cost unknown (never $0) and says so."""
+    url, ids, _ = console
+    go(page, url, "#/?session=cost-session")
+    page.wait_for_selector("#runs tbody tr[data-ref]")
+    header = page.locator("#runs thead th").all_text_contents()
+    col = header.index("cost")
+    cells = {r.locator("td.agent a").inner_text(): r.locator("td").nth(col) for r in page.locator("#runs tbody tr[data-ref]").all()}
+    assert set(cells) == {"buyer", "pricer", "buyer-2"}, list(cells)
+    assert cells["buyer"].inner_text() == _usd(PRICED_OPENAI_USD)
+    assert cells["pricer"].inner_text() == _usd(PRICED_OPENAI_USD) + " +1?"
+    assert "without a price" in cells["pricer"].get_attribute("title")
+    assert cells["buyer-2"].inner_text() == "unknown"
+    page.screenshot(path=str(shots / "17-cost-runs.png"))
+    ref = page.locator("#runs tbody tr[data-ref]", has_text="pricer").get_attribute("data-ref")
+    go(page, url, f"#/run/{urllib.parse.quote(ref)}?tab=nodes")
+    page.wait_for_selector("#nodes .node-cost")
+    assert page.inner_text("#run-cost").startswith(_usd(PRICED_OPENAI_USD) + " +1? (1 call without a price)")
+    assert sorted(page.locator("#nodes .node-cost").all_text_contents()) == ["cost " + _usd(PRICED_OPENAI_USD), "cost unknown"]
+    page.screenshot(path=str(shots / "18-cost-run-nodes.png"), full_page=True)
+    go(page, url, "#/?agent=buyer")  # the tree of the first turn: both runs, each run's calls once
+    page.wait_for_selector("#runs tbody tr[data-ref]")
+    root = page.locator("#runs tbody tr[data-ref]").first.get_attribute("data-ref")
+    assert root.split("@")[0] == ids["priced"]
+    go(page, url, f"#/tree/{urllib.parse.quote(root)}")
+    page.wait_for_selector("#graph g.gnode")
+    assert f"cost {_usd(2 * PRICED_OPENAI_USD)} +1?" in page.inner_text("main")
+    page.screenshot(path=str(shots / "19-cost-tree.png"))
+    go(page, url, "#/session/cost-session")
+    page.wait_for_selector("#turns li.turn")
+    assert page.inner_text("#session-cost") == f"cost {_usd(2 * PRICED_OPENAI_USD)} +2?"
+    page.screenshot(path=str(shots / "20-cost-session.png"), full_page=True)
 
 
 def test_hostile_content_stays_inert_text(page, console, shots):
