@@ -39,13 +39,14 @@ def _verb(module: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def _tape_source_args(p: argparse.ArgumentParser) -> None:
+def _tape_source_args(p: argparse.ArgumentParser, prices: bool = False) -> None:
     p.add_argument("--db", default=default_db(), help="DuckDB tape store (env AGENTTAPE_DB)")
     p.add_argument("--parquet", metavar="DIR", default=None, help="read a Parquet lake instead of --db")
     p.add_argument("--otlp", metavar="FILE", nargs="+", default=None,
                    help="read OTLP files (JSON, JSON lines, protobuf, .gz) instead of --db")
     _lake_read_arg(p)
-    _prices_arg(p)
+    if prices:  # only on the commands that print cost
+        _prices_arg(p)
 
 
 def _prices_arg(p: argparse.ArgumentParser) -> None:
@@ -153,14 +154,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print a recorded run's ordered step stream")
     p.add_argument("run", metavar="RUN", help="run id (or the trace id of another instrumentation's run)")
     p.add_argument("--json", action="store_true", help="steps as JSON")
-    _tape_source_args(p)
+    _tape_source_args(p, prices=True)
     p.set_defaults(func=_verb("show"))
 
     p = sub.add_parser("replay", help="rebuild a run (prompt, output, tool calls) with no model call")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--tree", action="store_true", help="include every child run (multi-agent)")
     p.add_argument("--json", action="store_true", help="print the replay JSON contract (docs/replay.md)")
-    _tape_source_args(p)
+    _tape_source_args(p, prices=True)
     p.set_defaults(func=_verb("replay"))
 
     p = sub.add_parser("diff", help="show the first node where two runs diverge (exit 1 when they do)")
@@ -180,7 +181,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_verb("dataset"))
 
     p = sub.add_parser("runs", help="list recorded runs of every instrumentation, newest first")
-    _tape_source_args(p)
+    _tape_source_args(p, prices=True)
     p.add_argument("--limit", type=int, default=20, help="how many runs (default 20)")
     p.add_argument("--agent", default=None, help="only runs of this agent")
     p.add_argument("--status", default=None, help="only runs with this status (completed, error, incomplete, ...)")
@@ -203,6 +204,7 @@ def _build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--json", action="store_true", help="print a JSON array")
     fmt.add_argument("--csv", action="store_true", help="print CSV with a header row")
     _lake_read_arg(p)
+    _prices_arg(p)
     p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                    help="interrupt the query after this long (default %(default)s; 0: never; a server's own limit still applies)")
     p.set_defaults(func=_verb("sql"))
