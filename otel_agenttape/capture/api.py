@@ -23,6 +23,7 @@ from otel_agenttape import semconv as sc
 from otel_agenttape.capture.events import AgentEvent, EventType
 from otel_agenttape.capture.listener import CaptureListener
 from otel_agenttape.capture.propagation import RemoteParent, extract_context, inject_context
+from otel_agenttape.capture.scores import score_attributes, score_span_or_own
 
 _current_run: contextvars.ContextVar["Run | None"] = contextvars.ContextVar("agenttape_current_run", default=None)
 
@@ -213,6 +214,23 @@ class Run:
         """Trace context + run ids for a child run in another process (HTTP headers, env vars)."""
         return inject_context(carrier, run=self)
 
+    def score(self, name: str, value: float | None = None, label: str | None = None,
+              explanation: str | None = None, *, source: str = "code", response_id: str | None = None) -> bool:
+        """A ``gen_ai.evaluation.result`` event for this run: on the run span while the run is open,
+        else in a tape of its own naming the run (the sealed run is never edited). Bad arguments
+        raise ``ScoreError``; capture's own failures are counted, never raised. True when recorded."""
+        attrs = score_attributes(name, value, label, explanation, source=source, response_id=response_id)
+        return self._score(self.span, attrs)
+
+    def _score(self, span: Any, attrs: dict[str, Any]) -> bool:
+        try:
+            ctx = self.span.get_span_context() if self.span is not None else None
+            of = f"{self.run_id}@{ctx.trace_id:032x}" if ctx is not None and ctx.is_valid else self.run_id
+            return score_span_or_own(getattr(self.listener, "tracer", None), span, self.span, attrs, of=of)
+        except Exception:
+            self.listener.stats.incr("api_errors")
+            return False
+
     def _node_parent(self) -> Context | None:
         """The context a new node of this run starts in.
 
@@ -297,6 +315,13 @@ class _NodeCall:
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         return self.__exit__(exc_type, exc, tb)
+
+    def score(self, name: str, value: float | None = None, label: str | None = None,
+              explanation: str | None = None, *, source: str = "code", response_id: str | None = None) -> bool:
+        """A ``gen_ai.evaluation.result`` event for this node (see ``Run.score``): on its span while it is
+        open, on the run span after it closed, and in a tape of its own once the run has ended too."""
+        attrs = score_attributes(name, value, label, explanation, source=source, response_id=response_id)
+        return self.run._score(self.span, attrs)
 
 
 class ModelCall(_NodeCall):
