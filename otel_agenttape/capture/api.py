@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
+import logging
 import threading
 import uuid
 from typing import Any, Mapping, MutableMapping
@@ -23,8 +24,9 @@ from otel_agenttape import semconv as sc
 from otel_agenttape.capture.events import AgentEvent, EventType
 from otel_agenttape.capture.listener import CaptureListener
 from otel_agenttape.capture.propagation import RemoteParent, extract_context, inject_context
-from otel_agenttape.capture.scores import score_attributes, score_span_or_own
+from otel_agenttape.capture.scores import ScoreError, score_attributes, score_span_or_own
 
+_log = logging.getLogger(__name__)
 _current_run: contextvars.ContextVar["Run | None"] = contextvars.ContextVar("agenttape_current_run", default=None)
 
 
@@ -215,12 +217,24 @@ class Run:
         return inject_context(carrier, run=self)
 
     def score(self, name: str, value: float | None = None, label: str | None = None,
-              explanation: str | None = None, *, source: str = "code", response_id: str | None = None) -> bool:
+              explanation: str | None = None, *, source: str = "code", version: str | None = None,
+              response_id: str | None = None, error_type: str | None = None) -> bool:
         """A ``gen_ai.evaluation.result`` event for this run: on the run span while the run is open,
-        else in a tape of its own naming the run (the sealed run is never edited). Bad arguments
-        raise ``ScoreError``; capture's own failures are counted, never raised. True when recorded."""
-        attrs = score_attributes(name, value, label, explanation, source=source, response_id=response_id)
-        return self._score(self.span, attrs)
+        else in a tape of its own naming the run (the sealed run is never edited). ``source``: ``human``,
+        ``llm``, ``code`` or an evaluator's name (``NAME@VERSION``, or ``version=``). Never raises into
+        the agent: a score given wrongly (no name, neither value nor label) is logged and counted in
+        ``scores_invalid``, capture's own failures in ``api_errors``. True when recorded."""
+        attrs = self._score_attrs(name, value, label, explanation, source, version, response_id, error_type)
+        return self._score(self.span, attrs) if attrs is not None else False
+
+    def _score_attrs(self, *args: Any) -> dict[str, Any] | None:
+        try:
+            return score_attributes(*args[:4], source=args[4], version=args[5], response_id=args[6],
+                                    error_type=args[7])
+        except ScoreError as exc:
+            _log.warning("agenttape: score not recorded: %s", exc)
+            self.listener.stats.incr("scores_invalid")
+            return None
 
     def _score(self, span: Any, attrs: dict[str, Any]) -> bool:
         try:
@@ -317,11 +331,12 @@ class _NodeCall:
         return self.__exit__(exc_type, exc, tb)
 
     def score(self, name: str, value: float | None = None, label: str | None = None,
-              explanation: str | None = None, *, source: str = "code", response_id: str | None = None) -> bool:
+              explanation: str | None = None, *, source: str = "code", version: str | None = None,
+              response_id: str | None = None, error_type: str | None = None) -> bool:
         """A ``gen_ai.evaluation.result`` event for this node (see ``Run.score``): on its span while it is
         open, on the run span after it closed, and in a tape of its own once the run has ended too."""
-        attrs = score_attributes(name, value, label, explanation, source=source, response_id=response_id)
-        return self.run._score(self.span, attrs)
+        attrs = self.run._score_attrs(name, value, label, explanation, source, version, response_id, error_type)
+        return self.run._score(self.span, attrs) if attrs is not None else False
 
 
 class ModelCall(_NodeCall):

@@ -10,7 +10,7 @@ resolved from the ids the event carries: the scored span's ids, a run ref or run
 from __future__ import annotations
 
 from otel_agenttape import semconv as sc
-from otel_agenttape.store.runs_view import MODEL_OPS_SQL, RUN_OPS_SQL, json_paths
+from otel_agenttape.store.runs_view import MODEL_OPS_SQL, RUN_OPS_SQL, json_paths, roles_select
 
 _KEYS = [
     sc.GEN_AI_EVALUATION_NAME,  # 1
@@ -24,6 +24,8 @@ _KEYS = [
     sc.SCORE_TRACE_ID,  # 9
     sc.SCORE_SPAN_ID,  # 10
     sc.LOG_EVENT_NAME,  # 11
+    sc.SCORE_VERSION,  # 12
+    sc.SCORE_ID,  # 13
 ]
 
 
@@ -34,11 +36,12 @@ def _t(i: int) -> str:
 
 
 _FIELDS = f"""{_t(1)} AS name, TRY_CAST({_t(2)} AS DOUBLE) AS value, {_t(3)} AS label, {_t(4)} AS explanation,
-    {_t(5)} AS response_id, {_t(6)} AS error_type, {_t(7)} AS source, {_t(8)} AS score_of"""
+    {_t(5)} AS response_id, {_t(6)} AS error_type, {_t(7)} AS source, {_t(8)} AS score_of,
+    {_t(12)} AS version, {_t(13)} AS score_id"""
 
 SCORES = f"""
 CREATE OR REPLACE VIEW scores AS
-WITH ev AS (
+WITH RECURSIVE ev AS (
   SELECT 'span_event' AS via, trace_id AS given_trace_id, span_id AS given_span_id, time_unix_nano,
     {_FIELDS},
     coalesce({_t(9)}, CASE WHEN {_t(8)} IS NULL THEN trace_id END) AS t_trace,
@@ -51,47 +54,63 @@ WITH ev AS (
   FROM (SELECT *, json_extract(attributes, {json_paths(_KEYS)}) AS x FROM log_records
         WHERE event_name = '{sc.EVENT_EVALUATION_RESULT}'
            OR (event_name IS NULL AND attributes->'$."{sc.LOG_EVENT_NAME}"'->>'s' = '{sc.EVENT_EVALUATION_RESULT}'))
+), one AS (  -- a score emitted both ways (span event and log record) is listed once, as its span event
+  SELECT * FROM ev WHERE via = 'span_event' OR score_id IS NULL
+    OR score_id NOT IN (SELECT score_id FROM ev WHERE via = 'span_event' AND score_id IS NOT NULL)
 ), by_response AS (  -- the model call a bare id names as its response id (only ids no run has)
   SELECT json_extract_string(s.attributes, '$."{sc.GEN_AI_RESPONSE_ID}".s') AS response_id,
     any_value(s.trace_id) AS trace_id, any_value(s.span_id) AS span_id, any_value(s.run_id) AS run_id
   FROM spans s
   WHERE (s.node_type = 'model' OR s.operation_name IN ({MODEL_OPS_SQL}))
-    AND EXISTS (SELECT 1 FROM ev WHERE t_span IS NULL AND response_id IS NOT NULL)
+    AND EXISTS (SELECT 1 FROM one WHERE t_span IS NULL AND response_id IS NOT NULL)
     AND json_extract_string(s.attributes, '$."{sc.GEN_AI_RESPONSE_ID}".s') IN
-      (SELECT response_id FROM ev WHERE t_span IS NULL AND response_id IS NOT NULL)
+      (SELECT response_id FROM one WHERE t_span IS NULL AND response_id IS NOT NULL)
   GROUP BY 1
 ), by_run AS (  -- the run span of a run named by its bare id (its latest trace)
   SELECT run_id, arg_max(trace_id, start_time_unix_nano) AS trace_id, arg_max(span_id, start_time_unix_nano) AS span_id
   FROM spans
-  WHERE run_id IN (SELECT score_of FROM ev WHERE score_of IS NOT NULL AND NOT contains(score_of, '@'))
+  WHERE run_id IN (SELECT score_of FROM one WHERE score_of IS NOT NULL AND NOT contains(score_of, '@'))
     AND (node_type = 'run' OR operation_name IN ({RUN_OPS_SQL}))
   GROUP BY run_id
 ), by_ref AS (  -- the run span of a run named by its ref
   SELECT run_id || '@' || trace_id AS ref, any_value(span_id) AS span_id FROM spans
-  WHERE run_id || '@' || trace_id IN (SELECT score_of FROM ev WHERE contains(score_of, '@'))
+  WHERE run_id || '@' || trace_id IN (SELECT score_of FROM one WHERE contains(score_of, '@'))
     AND (node_type = 'run' OR operation_name IN ({RUN_OPS_SQL}))
   GROUP BY 1
 ), targeted AS (
-  SELECT ev.*,
-    coalesce(ev.t_trace, br.trace_id, rr.trace_id) AS trace_id,
-    coalesce(ev.t_span, bf.span_id, br.span_id, rr.span_id) AS span_id,
-    CASE WHEN contains(ev.score_of, '@') THEN ev.score_of
+  SELECT one.*,
+    coalesce(one.t_trace, br.trace_id, rr.trace_id) AS trace_id,
+    coalesce(one.t_span, bf.span_id, br.span_id, rr.span_id) AS span_id,
+    CASE WHEN contains(one.score_of, '@') THEN one.score_of
          WHEN br.run_id IS NOT NULL THEN br.run_id || '@' || br.trace_id
          WHEN rr.response_id IS NOT NULL AND rr.run_id IS NOT NULL THEN rr.run_id || '@' || rr.trace_id END AS named_ref
-  FROM ev
-  LEFT JOIN by_ref bf ON bf.ref = ev.score_of
-  LEFT JOIN by_run br ON br.run_id = ev.score_of
-  LEFT JOIN by_response rr ON ev.t_span IS NULL AND br.run_id IS NULL AND rr.response_id = ev.response_id
+  FROM one
+  LEFT JOIN by_ref bf ON bf.ref = one.score_of
+  LEFT JOIN by_run br ON br.run_id = one.score_of
+  LEFT JOIN by_response rr ON one.t_span IS NULL AND br.run_id IS NULL AND rr.response_id = one.response_id
+), sr AS MATERIALIZED (  -- the spans of the scored traces, with their roles (another source's run spans)
+  {roles_select("(SELECT * FROM spans WHERE trace_id IN (SELECT trace_id FROM targeted WHERE named_ref IS NULL))")}
+), up(trace_id, from_span, span_id, run_id, role, parent_span_id, depth) AS (  -- up to the run that owns it
+  SELECT s.trace_id, s.span_id, s.span_id, s.run_id, s.role, s.parent_span_id, 0
+  FROM sr s SEMI JOIN (SELECT trace_id, span_id FROM targeted WHERE named_ref IS NULL) g
+    ON g.trace_id = s.trace_id AND g.span_id = s.span_id
+  UNION ALL
+  SELECT u.trace_id, u.from_span, p.span_id, p.run_id, p.role, p.parent_span_id, u.depth + 1
+  FROM up u JOIN sr p ON p.trace_id = u.trace_id AND p.span_id = u.parent_span_id
+  WHERE u.run_id IS NULL AND u.role <> 'run' AND u.depth < 256
+), owner AS (
+  SELECT trace_id, from_span, arg_min(coalesce(run_id, span_id), depth) AS run_key FROM up
+  WHERE run_id IS NOT NULL OR role = 'run' GROUP BY trace_id, from_span
+), bare AS (  -- a trace with no run span and no run id is one run of its own (``runs`` lists it so)
+  SELECT trace_id FROM sr GROUP BY trace_id HAVING count(*) FILTER (WHERE role = 'run') = 0 AND count(run_id) = 0
 )
 SELECT
-  coalesce(g.named_ref,
-    coalesce(t.run_id, CASE WHEN t.operation_name IN ({RUN_OPS_SQL}) THEN t.span_id END,
-             p.run_id, p.span_id) || '@' || g.trace_id) AS run_ref,
+  coalesce(g.named_ref, o.run_key || '@' || g.trace_id, b.trace_id || '@' || b.trace_id) AS run_ref,
   g.trace_id, g.span_id, g.name, g.value, g.label, g.explanation,
-  coalesce(g.source, 'otel') AS source,
-  g.response_id, g.error_type, g.time_unix_nano, g.via, g.given_trace_id, g.given_span_id
+  coalesce(g.source, 'otel') AS source, g.version,
+  g.response_id, g.error_type, g.time_unix_nano, g.score_id, g.via, g.given_trace_id, g.given_span_id
 FROM targeted g
-LEFT JOIN spans t ON t.trace_id = g.trace_id AND t.span_id = g.span_id
-LEFT JOIN spans p ON p.trace_id = t.trace_id AND p.span_id = t.parent_span_id AND t.run_id IS NULL
-  AND p.operation_name IN ({RUN_OPS_SQL})
+LEFT JOIN owner o ON g.named_ref IS NULL AND o.trace_id = g.trace_id AND o.from_span = g.span_id
+LEFT JOIN bare b ON g.named_ref IS NULL AND o.run_key IS NULL AND b.trace_id = g.trace_id
+  AND EXISTS (SELECT 1 FROM sr WHERE sr.trace_id = g.trace_id AND sr.span_id = g.span_id)
 """
