@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...store.run_keys import ours_has
+from .scores import parsed
 
 
 def parse_since(text: str) -> int:
@@ -58,6 +59,9 @@ class Filters:
     until: int | None = None
     text: str | None = None
     parent: str | None = None
+    # ``NAME>=V`` / ``NAME=LABEL`` texts (scores.py), each of which the run's latest scores must pass
+    score: tuple[str, ...] | None = None
+    label: tuple[str, ...] | None = None
 
     def where(self) -> tuple[str, list[Any]]:
         """The filter over the ``runs`` view."""
@@ -125,4 +129,8 @@ class Filters:
                 "OR trace_id IN (SELECT trace_id FROM spans "
                 "WHERE contains(lower(CAST(attributes AS VARCHAR)), lower(?))))")
             params += [self.text, self.text]
+        for f in parsed(self.score, self.label):
+            clause, more = f.sql()
+            clauses.append(clause)
+            params += more
         return (" AND ".join(clauses) or "true"), params
