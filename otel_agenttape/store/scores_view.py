@@ -29,31 +29,34 @@ _KEYS = [
 ]
 
 
-def _t(i: int) -> str:
-    """Attribute ``i`` of ``x`` as text (typed JSON: string, int, double or bool)."""
-    e = f"x[{i}]"
-    return f"coalesce({e}->>'s', {e}->>'i', {e}->>'d', {e}->>'bool')"
+def _s(i: int) -> str:
+    """Attribute ``i`` of ``x`` as text: a string attribute (every score attribute but the value is one)."""
+    return f"(x[{i}]->>'s')"
 
 
-_FIELDS = f"""{_t(1)} AS name, TRY_CAST({_t(2)} AS DOUBLE) AS value, {_t(3)} AS label, {_t(4)} AS explanation,
-    {_t(5)} AS response_id, {_t(6)} AS error_type, {_t(7)} AS source, {_t(8)} AS score_of,
-    {_t(12)} AS version, {_t(13)} AS score_id"""
+# The value may come as a double, an int or (from a careless sender) a string.
+_VALUE = "TRY_CAST(coalesce(x[2]->>'d', x[2]->>'i', x[2]->>'s') AS DOUBLE)"
+_EVENT_PATHS = json_paths(_KEYS)
 
 SCORES = f"""
 CREATE OR REPLACE VIEW scores AS
-WITH RECURSIVE ev AS (
-  SELECT 'span_event' AS via, trace_id AS given_trace_id, span_id AS given_span_id, time_unix_nano,
-    {_FIELDS},
-    coalesce({_t(9)}, CASE WHEN {_t(8)} IS NULL THEN trace_id END) AS t_trace,
-    coalesce({_t(10)}, CASE WHEN {_t(8)} IS NULL THEN span_id END) AS t_span
-  FROM (SELECT *, json_extract(attributes, {json_paths(_KEYS)}) AS x FROM span_events
-        WHERE name = '{sc.EVENT_EVALUATION_RESULT}')
+WITH RECURSIVE raw AS (
+  SELECT 'span_event' AS via, trace_id, span_id, time_unix_nano, json_extract(attributes, {_EVENT_PATHS}) AS x
+  FROM span_events WHERE name = '{sc.EVENT_EVALUATION_RESULT}'
   UNION ALL
-  SELECT 'log', trace_id, span_id, coalesce(time_unix_nano, observed_time_unix_nano), {_FIELDS},
-    coalesce({_t(9)}, trace_id), coalesce({_t(10)}, span_id)
-  FROM (SELECT *, json_extract(attributes, {json_paths(_KEYS)}) AS x FROM log_records
-        WHERE event_name = '{sc.EVENT_EVALUATION_RESULT}'
-           OR (event_name IS NULL AND attributes->'$."{sc.LOG_EVENT_NAME}"'->>'s' = '{sc.EVENT_EVALUATION_RESULT}'))
+  SELECT 'log', trace_id, span_id, coalesce(time_unix_nano, observed_time_unix_nano),
+    json_extract(attributes, {_EVENT_PATHS})
+  FROM log_records WHERE event_name = '{sc.EVENT_EVALUATION_RESULT}'
+    OR (event_name IS NULL AND attributes->'$."{sc.LOG_EVENT_NAME}"'->>'s' = '{sc.EVENT_EVALUATION_RESULT}')
+), ev AS (
+  -- a span event names the span it is on, unless it is a score tape's (``agenttape.score.of``); a log
+  -- record is parented to the span it scores
+  SELECT via, trace_id AS given_trace_id, span_id AS given_span_id, time_unix_nano,
+    {_s(1)} AS name, {_VALUE} AS value, {_s(3)} AS label, {_s(4)} AS explanation, {_s(5)} AS response_id,
+    {_s(6)} AS error_type, {_s(7)} AS source, {_s(8)} AS score_of, {_s(12)} AS version, {_s(13)} AS score_id,
+    coalesce({_s(9)}, CASE WHEN via = 'log' OR {_s(8)} IS NULL THEN trace_id END) AS t_trace,
+    coalesce({_s(10)}, CASE WHEN via = 'log' OR {_s(8)} IS NULL THEN span_id END) AS t_span
+  FROM raw
 ), one AS (  -- a score emitted both ways (span event and log record) is listed once, as its span event
   SELECT * FROM ev WHERE via = 'span_event' OR score_id IS NULL
     OR score_id NOT IN (SELECT score_id FROM ev WHERE via = 'span_event' AND score_id IS NOT NULL)
@@ -88,7 +91,7 @@ WITH RECURSIVE ev AS (
   LEFT JOIN by_ref bf ON bf.ref = one.score_of
   LEFT JOIN by_run br ON br.run_id = one.score_of
   LEFT JOIN by_response rr ON one.t_span IS NULL AND br.run_id IS NULL AND rr.response_id = one.response_id
-), sr AS MATERIALIZED (  -- the spans of the scored traces, with their roles (another source's run spans)
+), sr AS (  -- the spans of the scored traces, with their roles (another source's run spans)
   {roles_select("(SELECT * FROM spans WHERE trace_id IN (SELECT trace_id FROM targeted WHERE named_ref IS NULL))")}
 ), up(trace_id, from_span, span_id, run_id, role, parent_span_id, depth) AS (  -- up to the run that owns it
   SELECT s.trace_id, s.span_id, s.span_id, s.run_id, s.role, s.parent_span_id, 0

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...store.run_keys import ours_has
-from .scores import parsed
 
 
 def parse_since(text: str) -> int:
@@ -129,6 +128,8 @@ class Filters:
                 "OR trace_id IN (SELECT trace_id FROM spans "
                 "WHERE contains(lower(CAST(attributes AS VARCHAR)), lower(?))))")
             params += [self.text, self.text]
+        from .scores import parsed  # scores.py reads the kept store version, whose module reads Filters
+
         for f in parsed(self.score, self.label):
             clause, more = f.sql()
             clauses.append(clause)

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import math
 import re
+import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ... import semconv as sc
 from ..load import Reader, _rows
+from .kept import store_version
 
 # Longest first, so ``>=`` is not read as ``>`` followed by ``=0.8``.
 OPS = (">=", "<=", ">", "<", "=")
@@ -29,6 +33,12 @@ LATEST = ("SELECT run_ref, name, arg_max(struct_pack(value := value, label := la
           "source := source, version := version, span_id := span_id, time_unix_nano := time_unix_nano), "
           "struct_pack(t := time_unix_nano, i := coalesce(score_id, ''))) AS s "
           "FROM scores WHERE error_type IS NULL AND run_ref IS NOT NULL AND name IS NOT NULL GROUP BY run_ref, name")
+
+
+HAS_SCORES = (f"SELECT (EXISTS (SELECT 1 FROM span_events WHERE name = '{sc.EVENT_EVALUATION_RESULT}') "
+              f"OR EXISTS (SELECT 1 FROM log_records WHERE event_name = '{sc.EVENT_EVALUATION_RESULT}' "
+              f"OR (event_name IS NULL AND attributes->'$.\"{sc.LOG_EVENT_NAME}\"'->>'s' = "
+              f"'{sc.EVENT_EVALUATION_RESULT}'))) AS f")
 
 
 @dataclass(frozen=True)
@@ -130,17 +140,59 @@ def skip_reason(filters: Sequence[ScoreFilter | LabelFilter], scores: dict[str, 
     return None
 
 
-def latest_by_ref(reader: Reader, refs: Sequence[str]) -> dict[str, dict[str, dict[str, Any]]]:
-    """ref -> name -> the latest score (value, label, explanation, source, version, span_id,
-    time_unix_nano)."""
-    if not refs:
-        return {}
-    marks = ", ".join("?" for _ in refs)
+def has_scores(reader: Reader) -> bool:
+    """Whether the store holds any evaluation event (a few milliseconds; the ``scores`` view itself costs
+    some 100 ms to plan, which a page of runs of a store without scores need not pay)."""
+    return bool(_rows(reader, HAS_SCORES, [])[0]["f"])
+
+
+def _latest(reader: Reader, refs: Sequence[str] | None) -> dict[str, dict[str, dict[str, Any]]]:
+    where, params = "true", []
+    if refs is not None:
+        where, params = f"run_ref IN ({', '.join('?' for _ in refs)})", list(refs)
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in _rows(reader, f"SELECT run_ref, name, s FROM ({LATEST}) WHERE run_ref IN ({marks}) "
-                           "ORDER BY run_ref, name", list(refs)):
+    for r in _rows(reader, f"SELECT run_ref, name, s FROM ({LATEST}) WHERE {where} ORDER BY run_ref, name", params):
         out.setdefault(r["run_ref"], {})[r["name"]] = dict(r["s"])
     return out
+
+
+_KEPT: weakref.WeakKeyDictionary[Any, tuple[Any, dict[str, dict[str, dict[str, Any]]]]] = weakref.WeakKeyDictionary()
+_KEPT_LOCK = threading.Lock()
+
+
+def _version(reader: Reader) -> Any:
+    """What changes whenever a score can have arrived: the span count (``kept.store_version``) and, as a
+    score can come as a log record alone, the log record count; None when there is no cheap such number."""
+    version = store_version(reader)
+    if version is None or getattr(reader, "fixed_version", None) is not None:
+        return version
+    return version, int(_rows(reader, "SELECT count(*) AS n FROM log_records", [])[0]["n"])
+
+
+def latest_by_ref(reader: Reader, refs: Sequence[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """ref -> name -> the latest score (value, label, explanation, source, version, span_id,
+    time_unix_nano). On a store with a version every run's latest scores are read once per version and
+    pages take theirs from them (the view costs about as much for one run as for all)."""
+    if not refs:
+        return {}
+    version = _version(reader)
+    if version is None:
+        return _latest(reader, refs) if has_scores(reader) else {}
+    try:
+        kept = _KEPT.get(reader)
+    except TypeError:
+        kept = None
+    if kept is not None and kept[0] == version:
+        found = kept[1]
+    else:
+        found = _latest(reader, None) if has_scores(reader) else {}
+        if _version(reader) == version:
+            with _KEPT_LOCK:
+                try:
+                    _KEPT[reader] = (version, found)
+                except TypeError:
+                    pass
+    return {r: {n: dict(v) for n, v in found[r].items()} for r in refs if r in found}
 
 
 def score_summaries(reader: Reader, runs: Sequence[Any]) -> None:
