@@ -55,6 +55,14 @@ def _prices_arg(p: argparse.ArgumentParser) -> None:
                         "(env AGENTTAPE_PRICES)")
 
 
+def _score_filter_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--score", action="append", default=None, metavar="NAME>=V",
+                   help="only runs whose latest NAME score passes (>=, >, <=, <, =), e.g. helpfulness>=0.8; "
+                        "repeat for several")
+    p.add_argument("--label", action="append", default=None, metavar="NAME=LABEL",
+                   help="only runs whose latest NAME score has this label, e.g. correctness=pass; repeat for several")
+
+
 def _lake_read_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lake", action="append", metavar="LAKE", default=None,
                    help="read a lake (folder or s3://bucket/prefix) instead of --db; repeat it to read several "
@@ -176,6 +184,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent", default=None, help="only runs of this agent")
     p.add_argument("--model", default=None, help="only runs that used this model")
     p.add_argument("--since", default=None, metavar="T", help="only runs started at or after T (ISO date/time)")
+    _score_filter_args(p)
     p.add_argument("--json", action="store_true", help="also print the counts as JSON")
     _tape_source_args(p)
     p.set_defaults(func=_verb("dataset"))
@@ -190,8 +199,13 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--session", default=None, help="only the runs (turns) of this session")
     p.add_argument("--since", default=None, metavar="T", help="only runs started at or after T (ISO date/time)")
     p.add_argument("--experiment", default=None, metavar="NAME", help="only the runs of this experiment")
+    _score_filter_args(p)
     p.add_argument("--json", action="store_true", help="print a JSON array")
     p.set_defaults(func=_verb("runs"))
+
+    from otel_agenttape.commands import score as _score
+
+    _score.add_parser(sub)
 
     from otel_agenttape.commands import experiment as _experiment
 

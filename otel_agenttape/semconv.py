@@ -197,3 +197,20 @@ FRAMEWORK_MCP_SERVER = "agenttape.mcp.server"  # on a tool span: the MCP server 
 GRAPH_NODE = "agenttape.graph.node"  # a LangGraph node span: the node's name
 GRAPH_STEP = "agenttape.graph.step"  # and its superstep
 RESUME_REPLAYED = "agenttape.resume.replayed"  # on a tool span: its result came from the resume journal
+
+# Scores (OTel GenAI evaluation events). A score is a ``gen_ai.evaluation.result`` event: on the span it
+# scores while that span is open, else on a small sealed ``agenttape.score`` span in the giver's own tape
+# that names what it scores (``agenttape.score.of``, the scored span's trace and span ids).
+EVENT_EVALUATION_RESULT = "gen_ai.evaluation.result"
+GEN_AI_EVALUATION_NAME = "gen_ai.evaluation.name"
+GEN_AI_EVALUATION_SCORE_VALUE = "gen_ai.evaluation.score.value"
+GEN_AI_EVALUATION_SCORE_LABEL = "gen_ai.evaluation.score.label"
+GEN_AI_EVALUATION_EXPLANATION = "gen_ai.evaluation.explanation"
+SCORE_SPAN_NAME = "agenttape.score"
+SCORE_OF = "agenttape.score.of"  # the scored run's ref (RUN_ID@TRACE_ID, or a bare run id)
+SCORE_TRACE_ID = "agenttape.score.trace_id"  # the scored span's trace id (hex), when known
+SCORE_SPAN_ID = "agenttape.score.span_id"  # the scored span's span id (hex), when known
+SCORE_SOURCE = "agenttape.score.source"  # who gave it: human, llm, code, or an evaluator's name
+SCORE_VERSION = "agenttape.score.version"  # the evaluator's version, when one gave it
+SCORE_ID = "agenttape.score.id"  # one score's id: its span event and its log-record copy share it
+SCORE_SOURCES = frozenset({"human", "llm", "code"})

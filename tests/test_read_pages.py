@@ -19,6 +19,7 @@ from otel_agenttape.tape.load import _rows
 from otel_agenttape.tape.read import RunSummary
 from otel_agenttape.tape.read.cost import price_summaries
 from otel_agenttape.tape.read.filters import Filters
+from otel_agenttape.tape.read.scores import score_summaries
 from otel_agenttape.tape.read.run_rows import RUN_COLUMNS
 
 
@@ -58,12 +59,31 @@ def _others(tracer) -> None:
             pass
 
 
+def _scored(tracer) -> None:
+    """Another instrumentation's run scored by an evaluation event on its chat span."""
+    with tracer.start_as_current_span("invoke_agent judged", attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "judged"}):
+        with tracer.start_as_current_span("chat", attributes={"gen_ai.operation.name": "chat"}) as span:
+            span.add_event("gen_ai.evaluation.result", {"gen_ai.evaluation.name": "helpfulness",
+                                                        "gen_ai.evaluation.score.value": 0.6,
+                                                        "gen_ai.evaluation.score.label": "ok"})
+
+
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
     db = str(tmp_path_factory.mktemp("mixed") / "mixed.duckdb")
     run_demo(db)
     store = Store(db)
-    store.write_traces([_spans(_others)])
+    store.write_traces([_spans(_others), _spans(_scored)])
+    # the demo's runs scored after the fact, in score tapes of their own (as `agenttape score` does)
+    refs = sorted(r.ref for r in otel_agenttape.open(store).runs(source="agenttape", limit=100).runs)
+    exporter = InMemorySpanExporter()
+    tape = otel_agenttape.setup(exporter=exporter, seal=False)
+    for i, ref in enumerate(refs[:4]):
+        tape.score(ref, "helpfulness", 0.2 * (i + 1), label="good" if i % 2 else "bad")
+    tape.score(refs[0], "helpfulness", 0.95)  # a later score of the same name overrides
+    tape.shutdown()
+    store.write_traces([encode_spans(exporter.get_finished_spans())])
     store.close()
     return db
 
@@ -74,6 +94,7 @@ def _view(tapes, filters: Filters, oldest_first: bool = False) -> list[dict]:
     rows = [RunSummary.from_row(r)
             for r in _rows(tapes.reader, f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY {order}", params)]
     price_summaries(tapes.reader, rows, tapes.prices)  # a page's runs carry their cost: the view's rows too
+    score_summaries(tapes.reader, rows)  # and their scores
     return [r.to_dict() for r in rows]
 
 
@@ -102,8 +123,14 @@ def test_pages_list_what_the_view_lists_for_every_filter(mixed):
         asks += [{"text": "boom"}, {"text": "lookup"}, {"model": "nope"},
                  {"since": everything[len(everything) // 2]["start_ns"]},
                  {"until": everything[len(everything) // 2]["start_ns"], "source": "agenttape"}]
+        scored = [r for r in everything if r["scores"]]
+        assert len(scored) == 5 and {r["source"] for r in scored} == {"agenttape", "otel-genai"}
+        asks += [{"score": ("helpfulness>=0.6",)}, {"score": ("helpfulness<0.5",), "source": "agenttape"},
+                 {"label": ("helpfulness=good",)}, {"score": ("helpfulness>0.3",), "label": ("helpfulness=bad",)}]
         for ask in asks:
             expected = _view(tapes, Filters(**ask))
+            if "score" in ask or "label" in ask:
+                assert expected, ask
             listed, totals = _paged(tapes, **ask)
             assert listed == expected, ask
             assert totals == {len(expected)}, ask

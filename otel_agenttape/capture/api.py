@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
+import logging
 import threading
 import uuid
 from typing import Any, Mapping, MutableMapping
@@ -23,7 +24,9 @@ from otel_agenttape import semconv as sc
 from otel_agenttape.capture.events import AgentEvent, EventType
 from otel_agenttape.capture.listener import CaptureListener
 from otel_agenttape.capture.propagation import RemoteParent, extract_context, inject_context
+from otel_agenttape.capture.scores import ScoreError, score_attributes, score_span_or_own
 
+_log = logging.getLogger(__name__)
 _current_run: contextvars.ContextVar["Run | None"] = contextvars.ContextVar("agenttape_current_run", default=None)
 
 
@@ -213,6 +216,35 @@ class Run:
         """Trace context + run ids for a child run in another process (HTTP headers, env vars)."""
         return inject_context(carrier, run=self)
 
+    def score(self, name: str, value: float | None = None, label: str | None = None,
+              explanation: str | None = None, *, source: str = "code", version: str | None = None,
+              response_id: str | None = None, error_type: str | None = None) -> bool:
+        """A ``gen_ai.evaluation.result`` event for this run: on the run span while the run is open,
+        else in a tape of its own naming the run (the sealed run is never edited). ``source``: ``human``,
+        ``llm``, ``code`` or an evaluator's name (``NAME@VERSION``, or ``version=``). Never raises into
+        the agent: a score given wrongly (no name, neither value nor label) is logged and counted in
+        ``scores_invalid``, capture's own failures in ``api_errors``. True when recorded."""
+        attrs = self._score_attrs(name, value, label, explanation, source, version, response_id, error_type)
+        return self._score(self.span, attrs) if attrs is not None else False
+
+    def _score_attrs(self, *args: Any) -> dict[str, Any] | None:
+        try:
+            return score_attributes(*args[:4], source=args[4], version=args[5], response_id=args[6],
+                                    error_type=args[7])
+        except ScoreError as exc:
+            _log.warning("agenttape: score not recorded: %s", exc)
+            self.listener.stats.incr("scores_invalid")
+            return None
+
+    def _score(self, span: Any, attrs: dict[str, Any]) -> bool:
+        try:
+            ctx = self.span.get_span_context() if self.span is not None else None
+            of = f"{self.run_id}@{ctx.trace_id:032x}" if ctx is not None and ctx.is_valid else self.run_id
+            return score_span_or_own(getattr(self.listener, "tracer", None), span, self.span, attrs, of=of)
+        except Exception:
+            self.listener.stats.incr("api_errors")
+            return False
+
     def _node_parent(self) -> Context | None:
         """The context a new node of this run starts in.
 
@@ -297,6 +329,14 @@ class _NodeCall:
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         return self.__exit__(exc_type, exc, tb)
+
+    def score(self, name: str, value: float | None = None, label: str | None = None,
+              explanation: str | None = None, *, source: str = "code", version: str | None = None,
+              response_id: str | None = None, error_type: str | None = None) -> bool:
+        """A ``gen_ai.evaluation.result`` event for this node (see ``Run.score``): on its span while it is
+        open, on the run span after it closed, and in a tape of its own once the run has ended too."""
+        attrs = self.run._score_attrs(name, value, label, explanation, source, version, response_id, error_type)
+        return self.run._score(self.span, attrs) if attrs is not None else False
 
 
 class ModelCall(_NodeCall):

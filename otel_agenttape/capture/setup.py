@@ -108,6 +108,30 @@ class Tape:
         """``with tape.run(agent="planner", session_id=...) as run:`` (see Run for the keywords)."""
         return Run(self.listener, agent, **kwargs)
 
+    def score(self, ref_or_response_id: str, name: str, value: float | None = None, label: str | None = None,
+              explanation: str | None = None, *, source: str = "human", version: str | None = None,
+              span_id: str | None = None, error_type: str | None = None) -> Any:
+        """Score a run recorded earlier, from any process: ``RUN_ID@TRACE_ID`` (or a bare run id) names
+        the run, anything else is taken as a model response's ``gen_ai.response.id``. The score is sealed
+        in a tape of its own (an ``agenttape.score`` span) that names what it scores, and leaves through
+        the same exporter and outbox as every span; ``span_id`` (16 hex digits, with a full ref) scores
+        one node of the run. Returns the ended span. Bad arguments raise ``ScoreError`` (a ValueError)."""
+        from otel_agenttape.capture.scores import ScoreError, check_ids, emit_score_span, score_attributes
+
+        ref = str(ref_or_response_id or "").strip()
+        if not ref:
+            raise ScoreError("score: name the run (RUN_ID@TRACE_ID, a run id) or a response id")
+        trace_id = ref.rpartition("@")[2] if "@" in ref else None
+        if span_id is not None and trace_id is None:
+            raise ScoreError("span_id: give the run as RUN_ID@TRACE_ID to score one of its nodes")
+        check_ids(trace_id, span_id)
+        # a bare id is a run id or a response id: the read model takes the run it names, else the
+        # model call that answered with it
+        attrs = score_attributes(name, value, label, explanation, source=source, version=version,
+                                 response_id=None if "@" in ref else ref, error_type=error_type)
+        tracer = self.tracer_provider.get_tracer(semconv.SCOPE_NAME, _version())
+        return emit_score_span(tracer, attrs, of=ref, trace_id=trace_id, span_id=span_id)
+
     def inject(self, carrier: dict[str, str] | None = None) -> dict[str, str]:
         """Trace context of the current run for an outgoing call to a child agent process."""
         run = current_run()

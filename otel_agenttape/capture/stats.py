@@ -14,6 +14,7 @@ COUNTERS = (
     "orphan_model_responses",    # MODEL_RESPONSE/REASONING without MODEL_REQUEST
     "listener_errors",           # an event the listener could not handle (swallowed)
     "api_errors",                # a context-manager step that failed inside capture (swallowed)
+    "scores_invalid",            # run.score()/call.score() given wrongly (no name, no value or label): not recorded
     "sink_errors",               # a node sink that raised
     # content
     "redactions", "redactor_errors",

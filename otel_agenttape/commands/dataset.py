@@ -20,13 +20,20 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise CliError(f"--since: not an ISO date/time or nanoseconds since the epoch: {args.since}") from None
 
+    from otel_agenttape.tape.read.scores import label_filters, score_filters
+
+    try:
+        score, label = score_filters(args.score), label_filters(args.label)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
     def export(tapes: Any) -> Any:
         try:
             out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
             raise CliError(f"cannot write {args.out}: {exc}") from None
         try:
-            return tapes.dataset(out, agent=args.agent, model=args.model, since=since)
+            return tapes.dataset(out, agent=args.agent, model=args.model, since=since, score=score, label=label)
         except OSError as exc:
             raise CliError(f"cannot write {args.out}: {exc}") from None
         finally:

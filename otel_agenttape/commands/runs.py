@@ -29,6 +29,16 @@ def cost_text(usd: float | None, unpriced: int) -> str:
     return format_usd(usd) + (f" +{unpriced}?" if unpriced else "")
 
 
+def scores_text(scores: dict[str, dict[str, Any]]) -> str:
+    """A run's latest scores for a table cell: ``helpfulness=0.9 correctness=pass`` (both: ``0.9/pass``)."""
+    parts = []
+    for name, s in sorted(scores.items()):
+        value, label = s.get("value"), s.get("label")
+        shown = "/".join(x for x in (f"{value:g}" if value is not None else None, label) if x is not None)
+        parts.append(f"{name}={shown}")
+    return " ".join(parts)
+
+
 def runs(db: Any, limit: int = 20, as_json: bool = False, out: TextIO | None = None, prices: str | None = None,
          **filters: Any) -> int:
     """List runs of every source newest first, with a footer saying how many more match and how many
@@ -53,9 +63,10 @@ def runs(db: Any, limit: int = 20, as_json: bool = False, out: TextIO | None = N
         out.write(json.dumps([{**r.to_dict(), **({"experiment": marks[r.ref]} if r.ref in marks else {})}
                               for r in page.runs], ensure_ascii=False, default=str) + "\n")
         return 0
-    columns = _RUN_COLUMNS + (("experiment",) if marks else ())
+    scored = any(r.scores for r in page.runs)
+    columns = _RUN_COLUMNS + (("scores",) if scored else ()) + (("experiment",) if marks else ())
     rows = [{**r.to_dict(), "start_time": _iso(r.start_ns), "cost": cost_text(r.cost_usd, r.unpriced_calls),
-             "experiment": marks.get(r.ref)} for r in page.runs]
+             "experiment": marks.get(r.ref), "scores": scores_text(r.scores)} for r in page.runs]
     table = pa.Table.from_pylist([{c: row[c] for c in columns} for row in rows]) if rows else pa.table(
         {c: pa.array([], pa.string()) for c in columns})
     print_table(table, out, "text", whole=("ref", "parent_ref"))
@@ -75,4 +86,5 @@ def run(args: argparse.Namespace) -> int:
     with reported(*store_errors()):
         return runs(source_of(args), limit=args.limit, as_json=args.json, agent=args.agent, status=args.status,
                     source=args.source, session=args.session, since=args.since,
-                    experiment=getattr(args, "experiment", None), prices=args.prices)
+                    experiment=getattr(args, "experiment", None), prices=args.prices,
+                    score=args.score, label=args.label)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from otel_agenttape import semconv as sc
 # the model operations' SQL list and the json_extract paths of attribute keys: one rule for both view modules
 from otel_agenttape.store.runs_view import MODEL_OPS_SQL, RUNS, SPAN_ROLES, json_paths
+from otel_agenttape.store.scores_view import SCORES
 
 
 def _typed_text(expr: str) -> str:
@@ -184,6 +185,7 @@ VIEWS: list[tuple[str, str]] = [
     ("span_roles", SPAN_ROLES),
     ("runs", RUNS),
     ("steps", STEPS),
+    ("scores", SCORES),
 ]
 
 

@@ -9,7 +9,7 @@ counted by reason, so a dataset never silently includes a partial run.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -74,11 +74,27 @@ def example(run: Run) -> dict[str, Any]:
 
 
 def select_runs(reader: Reader, *, agent: str | None = None, model: str | None = None,
-                since_ns: int | None = None) -> Iterable[Run]:
+                since_ns: int | None = None, score: Sequence[str] | None = None,
+                label: Sequence[str] | None = None, skipped: Counter | None = None) -> Iterable[Run]:
+    """The runs a dataset is made of; with ``score``/``label`` filters (``NAME>=V``, ``NAME=LABEL``) only
+    the runs whose latest scores pass, the others counted in ``skipped`` by reason before any is rebuilt."""
     from .read.filters import Filters
     from .read.listing import all_matching
+    from .read.scores import parsed, score_summaries
+    from .read.scores import skip_reason as score_skip
 
     picked = all_matching(reader, Filters(agent=agent, model=model, since=since_ns), oldest_first=True)
+    wanted = parsed(score, label)
+    if wanted:
+        score_summaries(reader, picked)
+        kept = []
+        for r in picked:
+            reason = score_skip(wanted, r.scores)
+            if reason is None:
+                kept.append(r)
+            elif skipped is not None:
+                skipped[reason] += 1
+        picked = kept
     for run in iter_runs(reader, [r.ref for r in picked]):
         if model and model not in run.models:
             continue
@@ -88,10 +104,12 @@ def select_runs(reader: Reader, *, agent: str | None = None, model: str | None =
 
 
 def export_dataset(reader: Reader, out: IO[str], *, agent: str | None = None, model: str | None = None,
-                   since_ns: int | None = None) -> DatasetResult:
+                   since_ns: int | None = None, score: Sequence[str] | None = None,
+                   label: Sequence[str] | None = None) -> DatasetResult:
     """Write one JSON line per usable run; return what was written and what was skipped, by reason."""
     result = DatasetResult()
-    for run in select_runs(reader, agent=agent, model=model, since_ns=since_ns):
+    for run in select_runs(reader, agent=agent, model=model, since_ns=since_ns, score=score, label=label,
+                           skipped=result.skipped):
         reason = skip_reason(run)
         if reason is not None:
             result.skipped[reason] += 1

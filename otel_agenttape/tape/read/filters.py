@@ -58,6 +58,9 @@ class Filters:
     until: int | None = None
     text: str | None = None
     parent: str | None = None
+    # ``NAME>=V`` / ``NAME=LABEL`` texts (scores.py), each of which the run's latest scores must pass
+    score: tuple[str, ...] | None = None
+    label: tuple[str, ...] | None = None
 
     def where(self) -> tuple[str, list[Any]]:
         """The filter over the ``runs`` view."""
@@ -125,4 +128,10 @@ class Filters:
                 "OR trace_id IN (SELECT trace_id FROM spans "
                 "WHERE contains(lower(CAST(attributes AS VARCHAR)), lower(?))))")
             params += [self.text, self.text]
+        from .scores import parsed  # scores.py reads the kept store version, whose module reads Filters
+
+        for f in parsed(self.score, self.label):
+            clause, more = f.sql()
+            clauses.append(clause)
+            params += more
         return (" AND ".join(clauses) or "true"), params

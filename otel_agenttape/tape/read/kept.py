@@ -157,7 +157,10 @@ def kept_page(reader: Reader, kept: _Kept, filters: Filters, limit: int,
                 params))
             if len(kept.filtered) >= MAX_KEPT_FILTERS:
                 kept.filtered.clear()
-            kept.filtered[key] = t
+            if filters.score is None and filters.label is None:
+                # not a score filter's: a score can arrive as a log record alone, which the store's
+                # version (its span count) does not see
+                kept.filtered[key] = t
     else:
         t = _all_keys(reader, kept)
         start = t["start_time_unix_nano"]

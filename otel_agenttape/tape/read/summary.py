@@ -41,6 +41,9 @@ class RunSummary:
     cost_usd: float | None = None
     priced_calls: int = 0
     unpriced_calls: int = 0
+    # the latest score of each name on the run or its nodes (tape/read/scores.py): name -> value, label,
+    # explanation, source, version, span_id, time_unix_nano
+    scores: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

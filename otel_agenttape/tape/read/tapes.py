@@ -23,6 +23,7 @@ from .filters import Filters, as_ns
 from .kept import store_version
 from .listing import all_matching, by_refs, page, trace_runs
 from .otlp import spans_otlp
+from .scores import label_filters, list_scores, score_filters, score_summaries
 from .steps import step_dicts
 from .summary import Page, RunSummary
 
@@ -118,14 +119,22 @@ class Tapes:
     def runs(self, agent: str | None = None, status: str | None = None, source: str | None = None,
              session: str | None = None, service: str | None = None, model: str | None = None,
              tool: str | None = None, since: Any = None, until: Any = None, text: str | None = None,
-             parent: str | None = None, limit: int = 50, cursor: str | None = None) -> Page:
-        """Runs of every source, newest first; ``since``/``until``: ns, datetime or ISO text."""
+             parent: str | None = None, limit: int = 50, cursor: str | None = None,
+             score: str | Sequence[str] | None = None, label: str | Sequence[str] | None = None) -> Page:
+        """Runs of every source, newest first; ``since``/``until``: ns, datetime or ISO text. ``score``:
+        ``"helpfulness>=0.8"`` (``>=``, ``>``, ``<=``, ``<``, ``=``) and ``label``: ``"correctness=pass"``,
+        one or a list, each passed by the run's latest score of that name."""
         filters = Filters(agent=agent, status=status, source=source, session=session, service=service,
                           model=model, tool=tool, since=as_ns(since, "since"), until=as_ns(until, "until"),
-                          text=text, parent=parent)
+                          text=text, parent=parent, score=score_filters(score), label=label_filters(label))
         found = page(self.reader, filters, limit=limit, cursor=cursor)
-        price_summaries(self.reader, found.runs, self.prices)
+        self._complete(found.runs)
         return found
+
+    def _complete(self, runs: Sequence[RunSummary]) -> None:
+        """What a summary carries beyond the ``runs`` view's row: its cost and its scores."""
+        price_summaries(self.reader, runs, self.prices)
+        score_summaries(self.reader, runs)
 
     def locate(self, ref: str) -> str:
         """The ``RUN_ID@TRACE_ID`` a ref names (``RunNotFound``, ``AmbiguousRunError``)."""
@@ -149,13 +158,13 @@ class Tapes:
         found = by_refs(self.reader, [full], windows).get(full)
         if found is None:
             raise RunNotFound(ref)
-        price_summaries(self.reader, [found], self.prices)
+        self._complete([found])
         return found
 
     def session(self, session_id: str) -> list[RunSummary]:
         """The runs (turns) of one session, oldest first."""
         turns = all_matching(self.reader, Filters(session=session_id), oldest_first=True)
-        price_summaries(self.reader, turns, self.prices)
+        self._complete(turns)
         return turns
 
     # --- cost ---------------------------------------------------------------------------------------
@@ -189,6 +198,17 @@ class Tapes:
                                                 c["cache_read_tokens"], c["cache_write_tokens"], c["start_ns"])
         return calls
 
+    # --- scores -------------------------------------------------------------------------------------
+
+    def scores(self, ref: str | None = None, *, name: str | None = None, source: str | None = None,
+               span_id: str | None = None, errors: bool = True) -> list[dict[str, Any]]:
+        """Every ``gen_ai.evaluation.result`` score recorded (``scores`` view rows), oldest first: of one
+        run (``ref``, any form ``locate`` takes), one name, one source (``human``, ``llm``, ``code``, an
+        evaluator's name; ``otel`` for another instrumentation's) or one scored span. ``errors=False``
+        leaves out evaluations that failed (``error_type`` set, no value or label)."""
+        full = self.locate(ref) if ref is not None else None
+        return list_scores(self.reader, ref=full, name=name, source=source, span_id=span_id, errors=errors)
+
     # --- one run rebuilt ----------------------------------------------------------------------------
 
     def rebuild(self, ref: str) -> Run:
@@ -221,7 +241,7 @@ class Tapes:
             listed.append(run)
             stack.extend(run.children)
         known = by_refs(self.reader, [r.ref for r in listed])
-        price_summaries(self.reader, list(known.values()), self.prices)
+        self._complete(list(known.values()))
 
         def node(run: Run, parent: str | None) -> dict[str, Any]:
             summary = known.get(run.ref)
@@ -264,7 +284,9 @@ class Tapes:
 
         refs = list(experiment_refs(self, name))
         found = by_refs(self.reader, refs)
-        return [found[r] for r in refs if r in found]
+        listed = [found[r] for r in refs if r in found]
+        score_summaries(self.reader, listed)
+        return listed
 
     def experiment_of(self, refs: Sequence[str]) -> dict[str, str]:
         """Which of ``refs`` are experiment runs: ref -> experiment name (``runs`` marks them)."""
@@ -282,13 +304,17 @@ class Tapes:
     # --- many runs, tapes, SQL ------------------------------------------------------------------------
 
     def dataset(self, out: str | os.PathLike[str] | IO[str], *, agent: str | None = None,
-                model: str | None = None, since: Any = None) -> DatasetResult:
-        """Write completed runs as OpenAI chat fine-tuning JSONL (``agenttape dataset``)."""
+                model: str | None = None, since: Any = None, score: str | Sequence[str] | None = None,
+                label: str | Sequence[str] | None = None) -> DatasetResult:
+        """Write completed runs as OpenAI chat fine-tuning JSONL (``agenttape dataset``); with ``score``/
+        ``label`` (as ``runs()`` takes them) only the runs that pass, the others counted by reason."""
         since_ns = as_ns(since, "since")
+        kw = {"agent": agent, "model": model, "since_ns": since_ns, "score": score_filters(score),
+              "label": label_filters(label)}
         if isinstance(out, (str, os.PathLike)):
             with open(out, "w", encoding="utf-8") as fh:
-                return export_dataset(self.reader, fh, agent=agent, model=model, since_ns=since_ns)
-        return export_dataset(self.reader, out, agent=agent, model=model, since_ns=since_ns)
+                return export_dataset(self.reader, fh, **kw)
+        return export_dataset(self.reader, out, **kw)
 
     def verify(self, tape_id: str | None = None, *, keys: Sequence[Any] = (),
                checkpoint_files: Sequence[str] = ()) -> list[dict[str, Any]]:
