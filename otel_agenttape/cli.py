@@ -103,6 +103,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=None, help="port, 0 = any free one (env AGENTTAPE_CONSOLE_PORT, "
                    "default 4380)")
     p.add_argument("--token", default=_env("TOKEN"), help="require this bearer token for every read (env AGENTTAPE_TOKEN)")
+    p.add_argument("--annotate-token", default=_env("ANNOTATE_TOKEN"), metavar="T",
+                   help="let people holding this token (header X-Agenttape-Annotate-Token, not --token) score runs "
+                        "and nodes from the page (env AGENTTAPE_ANNOTATE_TOKEN)")
+    p.add_argument("--annotate-endpoint", default=None, metavar="URL",
+                   help="the receiver annotations are sent to (default OTEL_EXPORTER_OTLP_ENDPOINT, else the "
+                        "receiver serving --db)")
+    p.add_argument("--annotate-receiver-token", default=None, metavar="T",
+                   help="the bearer token that receiver requires")
     p.add_argument("--insecure-no-auth", action="store_true", help="allow a non-loopback address without a token")
     p.add_argument("--json", action="store_true", help="print the startup line as JSON")
     p.set_defaults(func=_verb("console"))
@@ -144,6 +152,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-otlp-interval", type=float, default=15.0, metavar="SECONDS",
                    help="seconds between OTLP metric exports (default %(default)s)")
     p.add_argument("--no-console", action="store_true", help="do not serve the web console at / and /api/")
+    p.add_argument("--annotate-token", default=_env("ANNOTATE_TOKEN"), metavar="T",
+                   help="let the console take scores from people holding this token (header "
+                        "X-Agenttape-Annotate-Token; env AGENTTAPE_ANNOTATE_TOKEN)")
     p.add_argument("--insecure-no-auth", action="store_true",
                    help="serve the console on a non-loopback address without a token")
     p.add_argument("--json", action="store_true", help="print the startup line as JSON")

@@ -37,8 +37,9 @@ class AgenttapeServe:
     """``python -m otel_agenttape serve --db DB`` on free loopback ports (HTTP, gRPC), the console on its
     HTTP port; ``token`` gates the exports and the console alike."""
 
-    def __init__(self, db: str | Path, token: str | None = None, log: str | Path | None = None) -> None:
-        self.db, self.token = str(db), token
+    def __init__(self, db: str | Path, token: str | None = None, log: str | Path | None = None,
+                 annotate_token: str | None = None) -> None:
+        self.db, self.token, self.annotate_token = str(db), token, annotate_token
         self.log = str(log or f"{db}.serve.log")
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
@@ -48,6 +49,8 @@ class AgenttapeServe:
                "--http-port", "0", "--grpc-port", "0", "--json"]
         if self.token:
             cmd += ["--token", self.token]
+        if self.annotate_token:
+            cmd += ["--annotate-token", self.annotate_token]
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTAPE_")}
         with open(self.log, "w") as err:  # a file, not a pipe nobody reads: the server never blocks on it
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)

@@ -38,6 +38,7 @@ def get(url: str, **kwargs) -> httpx.Response:
 
 HERE = Path(__file__).resolve().parent
 TOKEN = "console-test-token"
+ANNOTATE = "console-annotate-token"
 READY = 'body[data-ready]:not([data-ready=""])'
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -63,7 +64,7 @@ def console(tmp_path_factory):
     from tape_fakeopenai import FakeOpenAI
 
     folder = tmp_path_factory.mktemp("console")
-    server = AgenttapeServe(folder / "tapes.duckdb", token=TOKEN).start()
+    server = AgenttapeServe(folder / "tapes.duckdb", token=TOKEN, annotate_token=ANNOTATE).start()
     try:
         tape = recorder(server, "agenttape-demo")
         try:
@@ -316,6 +317,67 @@ def test_cost_in_the_list_run_page_tree_and_session(page, console, shots):
     page.wait_for_selector("#turns li.turn")
     assert page.inner_text("#session-cost") == f"cost {_usd(2 * PRICED_OPENAI_USD)} +2?"
     page.screenshot(path=str(shots / "20-cost-session.png"), full_page=True)
+
+
+def test_annotating_needs_its_own_token_and_shows_at_once(page, console, shots):
+    """A person scores a run and one of its nodes from the run page: refused without the annotate token
+    (the read token is not enough), then recorded through the receiver and listed at once, its comment
+    as text; the runs list shows the score and filters by it."""
+    url, ids, _ = console
+    go(page, url, "#/?agent=buyer")
+    page.wait_for_selector("#runs tbody tr[data-ref]")
+    ref = page.locator("#runs tbody tr[data-ref]").first.get_attribute("data-ref")
+    post = f"{url}/api/runs/{urllib.parse.quote(ref)}/scores"
+    body = {"name": "helpfulness", "value": 0.9}
+    assert httpx.post(post, json=body, timeout=30).status_code == 401  # no read token
+    read = {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.post(post, json=body, headers=read, timeout=30).status_code == 403  # the read token alone
+    assert httpx.post(post, json=body, headers={**read, "X-Agenttape-Annotate-Token": TOKEN}, timeout=30).status_code == 403
+    assert httpx.post(post, json=body, headers=read, cookies={"x-agenttape-annotate-token": ANNOTATE},
+                      timeout=30).status_code == 403  # a cookie is never read
+    assert get(f"{url}/api/runs/{urllib.parse.quote(ref)}/scores", headers=read).json()["scores"] == []
+
+    go(page, url, f"#/run/{urllib.parse.quote(ref)}")
+    page.wait_for_selector("#annotate")
+    assert page.inner_text("#scores-empty") == "No scores yet."
+    page.fill("#annotate input[name=annotate_token]", "wrong-token")
+    page.fill("#annotate input[name=name]", "helpfulness")
+    page.fill("#annotate input[name=value]", "0.9")
+    page.fill("#annotate input[name=comment]", XSS_SCRIPT)
+    page.click("#annotate button[type=submit]")
+    page.wait_for_selector("#annotate-status:has-text('annotate token')")
+    assert page.locator("#scores li").count() == 0
+    page.screenshot(path=str(shots / "21-annotate-refused.png"), full_page=True)
+    page.fill("#annotate input[name=annotate_token]", ANNOTATE)
+    page.click("#annotate button[type=submit]")
+    page.wait_for_selector("#scores li.score-row")
+    row = page.inner_text("#scores li.score-row")
+    assert "helpfulness 0.9" in row and "human" in row and XSS_SCRIPT in row  # the comment, as text
+    assert "node" not in row  # a score of the run itself
+    assert page.evaluate("window.__xss") is None
+    # a node of the run, with a label: the token is kept for the session, its field hidden
+    assert not page.locator("#annotate input[name=annotate_token]").is_visible()
+    node = page.locator("#annotate select[name=span_id] option").nth(1).get_attribute("value")
+    page.select_option("#annotate select[name=span_id]", node)
+    page.fill("#annotate input[name=name]", "correctness")
+    page.fill("#annotate input[name=label]", "pass")
+    page.click("#annotate button[type=submit]")
+    page.locator("#scores li.score-row").nth(1).wait_for()
+    assert "node " + node[:8] in page.inner_text("#scores")
+    page.screenshot(path=str(shots / "22-annotated-run.png"), full_page=True)
+    stored = get(f"{url}/api/runs/{urllib.parse.quote(ref)}/scores", headers=read).json()["scores"]
+    assert sorted((s["name"], s["value"], s["label"], s["source"], s["span_id"] == node) for s in stored) == [
+        ("correctness", None, "pass", "human", True), ("helpfulness", 0.9, None, "human", False)]
+
+    go(page, url, "#/?score=" + urllib.parse.quote("helpfulness>=0.5"))
+    page.wait_for_selector("#runs tbody tr[data-ref]")
+    assert [r.get_attribute("data-ref") for r in page.locator("#runs tbody tr[data-ref]").all()] == [ref]
+    header = page.locator("#runs thead th").all_text_contents()
+    cell = page.locator("#runs tbody tr[data-ref] td").nth(header.index("scores")).inner_text()
+    assert "helpfulness 0.9" in cell and "correctness pass" in cell
+    page.screenshot(path=str(shots / "23-runs-by-score.png"))
+    go(page, url, "#/?label=" + urllib.parse.quote("correctness=fail"))
+    page.wait_for_selector("#runs td.empty")
 
 
 def test_hostile_content_stays_inert_text(page, console, shots):

@@ -52,13 +52,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{args.db} is already served by pid {holder['pid']} at {holder.get('url')}")
     console = None
     if not args.no_console:
-        from otel_agenttape.console.serve import ConsoleError, check_bind, receiver_app
+        from otel_agenttape.console.serve import ConsoleError, annotations_for, check_bind, receiver_app
 
         try:
             check_bind(args.host, args.token, args.insecure_no_auth)
+            # annotations go through this receiver's own OTLP port: its write-ahead log, like any span
+            annotations = annotations_for(args.annotate_token, args.token, lambda: server.url, args.token)
         except ConsoleError as exc:
             raise CliError(f"{exc} (or --no-console)") from None
-        console = receiver_app(lambda: server.store, args.token)
+        console = receiver_app(lambda: server.store, args.token, annotations)
     server = TapeServer(
         args.db,
         host=args.host,

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 RUN_FILTERS = ("agent", "status", "source", "session", "service", "model", "tool", "since", "until", "text",
-               "parent")
+               "parent", "score", "label")
 MAX_PAGE = 500
 PREVIEW = 240
 
@@ -279,6 +279,13 @@ def verify(tapes: Any, tape: str | None) -> dict[str, Any]:
     return {"tapes": reports}
 
 
-def info(tapes: Any, token_required: bool) -> dict[str, Any]:
-    """``GET /api/info``: what the console reads."""
-    return {"source": getattr(tapes, "description", ""), "token_required": token_required}
+def run_scores(tapes: Any, ref: str) -> dict[str, Any]:
+    """``GET /api/runs/{ref}/scores``: every score of the run and its nodes, oldest first (failed
+    evaluations too, with their ``error_type``)."""
+    full = tapes.locate(ref)
+    return {"ref": full, "scores": tapes.scores(full, errors=True)}
+
+
+def info(tapes: Any, token_required: bool, annotate: bool = False) -> dict[str, Any]:
+    """``GET /api/info``: what the console reads, and whether it takes annotations."""
+    return {"source": getattr(tapes, "description", ""), "token_required": token_required, "annotate": annotate}

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from otel_agenttape.tape.refs import AmbiguousRunError, RunNotFound
 
 from . import api
+from .annotate import ANNOTATE_HEADER
 
 STATIC = Path(__file__).resolve().parent / "static"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -98,11 +99,13 @@ class _TokenGate:
 
 
 def create_app(tapes: Any, token: str | None = None, *, on_shutdown: Callable[[], None] | None = None,
-               debug: bool = False) -> Starlette:
+               debug: bool = False, annotations: Any = None) -> Starlette:
     """The console over ``tapes`` (the read model ``otel_agenttape.open`` returns).
 
     ``token``: required as a bearer token on every ``/api/`` read. Read calls run one at a time in a
     worker thread (a DuckDB connection serves one query at a time); the event loop stays free.
+    ``annotations`` (``console.annotate.Annotations``): accept scores from people holding its token at
+    ``POST /api/runs/{ref}/scores``; None: the console only reads.
     """
     lock = threading.Lock()
 
@@ -164,7 +167,28 @@ def create_app(tapes: Any, token: str | None = None, *, on_shutdown: Callable[[]
         return await call(api.verify, request.query_params.get("tape"))
 
     async def info(request: Request) -> Response:
-        return JSON(api.info(tapes, token is not None))
+        return JSON(api.info(tapes, token is not None, annotations is not None))
+
+    async def scores(request: Request) -> Response:
+        if request.method == "GET":
+            return await call(api.run_scores, ref_of(request))
+        if annotations is None:
+            return _error(403, "this console does not take annotations: start it with --annotate-token")
+        if not annotations.allowed(request.headers.get(ANNOTATE_HEADER)):
+            return _error(403, f"annotating needs the annotate token in the {ANNOTATE_HEADER} header")
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return _error(400, "the body is not JSON")
+        # recorded outside the read lock: the wait for the receiver must not hold other readers up
+        try:
+            return JSON(await anyio.to_thread.run_sync(annotations.record, tapes, ref_of(request), body))
+        except AmbiguousRunError as exc:
+            return _error(409, str(exc), candidates=list(getattr(exc, "candidates", []) or []))
+        except RunNotFound as exc:
+            return _error(404, str(exc))
+        except ValueError as exc:
+            return _error(400, str(exc))
 
     async def page(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"cache-control": "no-cache"})
@@ -187,6 +211,7 @@ def create_app(tapes: Any, token: str | None = None, *, on_shutdown: Callable[[]
         Route("/api/runs/{ref}/otlp", otlp),
         Route("/api/runs/{ref}/replay", replay),
         Route("/api/runs/{ref}/tree", tree),
+        Route("/api/runs/{ref}/scores", scores, methods=["GET", "POST"]),
         Route("/api/sessions/{session_id}", session),
         Route("/api/diff", diff),
         Route("/api/verify", verify),
@@ -198,6 +223,8 @@ def create_app(tapes: Any, token: str | None = None, *, on_shutdown: Callable[[]
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
         yield
+        if annotations is not None:
+            annotations.close()
         shutdown()
 
     return Starlette(debug=debug, routes=routes, lifespan=lifespan,

@@ -8,7 +8,7 @@ import sys
 
 from otel_agenttape.cli import CliError, _port, default_db
 
-from .serve import DEFAULT_PORT, ConsoleError, check_bind, open_tapes, serve
+from .serve import DEFAULT_PORT, ConsoleError, annotations_for, check_bind, open_tapes, serve
 from .serve import serve as serve_console
 
 
@@ -20,6 +20,8 @@ def run(args: argparse.Namespace) -> int:
     db = args.db or (None if args.files or args.lake else default_db())
     try:
         check_bind(args.host, args.token, args.insecure_no_auth)
+        annotations = annotations_for(args.annotate_token, args.token, _annotate_endpoint(args, db),
+                                      args.annotate_receiver_token)
         tapes = open_tapes(db=db, lake=args.lake, files=args.files or None)
     except ConsoleError as exc:
         raise CliError(str(exc)) from None
@@ -30,20 +32,36 @@ def run(args: argparse.Namespace) -> int:
 
     def ready(url: str) -> None:
         if args.json:
-            print(json.dumps({"url": url, "source": source, "token_required": bool(args.token)}), flush=True)
+            print(json.dumps({"url": url, "source": source, "token_required": bool(args.token),
+                              "annotate": annotations is not None}), flush=True)
         else:
             print(f"agenttape console: {url}  reading {source}" + ("  (token required)" if args.token else ""),
                   flush=True)
 
     try:
         serve(tapes, host=args.host, port=port, token=args.token, insecure_no_auth=args.insecure_no_auth,
-              on_ready=ready)
+              on_ready=ready, annotations=annotations)
     except ConsoleError as exc:
         raise CliError(str(exc)) from None
     finally:
         tapes.close()
     print("agenttape console: stopped", file=sys.stderr)
     return 0
+
+
+def _annotate_endpoint(args: argparse.Namespace, db: str | None) -> str | None:
+    """Where annotations go: ``--annotate-endpoint``, the OTLP endpoint variables, else the receiver that
+    serves ``db`` (its discovery file)."""
+    import os
+
+    found = (args.annotate_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+             or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    if found or not db or not args.annotate_token:
+        return found
+    from otel_agenttape.receiver.server import read_discovery
+
+    holder = read_discovery(db)
+    return holder.get("url") if holder else None
 
 
 def demo_console(db: str, serve: bool = False, port: int | None = None) -> None:

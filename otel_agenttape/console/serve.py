@@ -96,14 +96,16 @@ def bound_url(server: Any) -> str:
 
 
 def serve(tapes: Any, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str | None = None,
-          insecure_no_auth: bool = False, on_ready: Callable[[str], None] | None = None) -> None:
-    """Serve the console in the foreground until SIGINT/SIGTERM; ``on_ready(url)`` once it listens."""
+          insecure_no_auth: bool = False, on_ready: Callable[[str], None] | None = None,
+          annotations: Any = None) -> None:
+    """Serve the console in the foreground until SIGINT/SIGTERM; ``on_ready(url)`` once it listens.
+    ``annotations``: take people's scores (``console.annotate.Annotations``)."""
     import asyncio
 
     from .app import create_app
 
     check_bind(host, token, insecure_no_auth)
-    server = make_server(create_app(tapes, token=token), host, port)
+    server = make_server(create_app(tapes, token=token, annotations=annotations), host, port)
 
     async def main() -> None:
         task = asyncio.create_task(server.serve())
@@ -146,9 +148,27 @@ class _LazyTapes:
         return getattr(self._open(), name)
 
 
-def receiver_app(store: Callable[[], Any], token: str | None) -> Any:
+def receiver_app(store: Callable[[], Any], token: str | None, annotations: Any = None) -> Any:
     """The console as the fallback app of ``agenttape serve``'s HTTP port: ``/`` and ``/api/...`` over the
-    store the receiver writes (``store`` returns it once the receiver has started), gated by ``token``."""
+    store the receiver writes (``store`` returns it once the receiver has started), gated by ``token``;
+    ``annotations`` take people's scores."""
     from .app import create_app
 
-    return create_app(_LazyTapes(store), token=token)
+    return create_app(_LazyTapes(store), token=token, annotations=annotations)
+
+
+def annotations_for(annotate_token: str | None, read_token: str | None, endpoint: str | Callable[[], str] | None,
+                    receiver_token: str | None = None) -> Any:
+    """The ``Annotations`` of ``--annotate-token`` (None without one): scores sent to ``endpoint``, the
+    receiver's OTLP/HTTP URL. ``ConsoleError`` when the token is the read token or nothing receives."""
+    if not annotate_token:
+        return None
+    if read_token and annotate_token == read_token:
+        raise ConsoleError("--annotate-token must differ from --token: reading and annotating are separate rights")
+    if not endpoint:
+        raise ConsoleError("--annotate-token needs a receiver to record annotations: give --annotate-endpoint "
+                           "URL (or OTEL_EXPORTER_OTLP_ENDPOINT), or serve the store with agenttape serve")
+    from .annotate import Annotations
+
+    headers = {"authorization": f"Bearer {receiver_token}"} if receiver_token else None
+    return Annotations(annotate_token, endpoint, headers=headers, outbox=os.environ.get("AGENTTAPE_OUTBOX") or None)

@@ -64,3 +64,21 @@ export async function verification(tapeIds) {
 }
 
 export function forgetVerification() { verified.clear(); }
+
+// Annotating: the annotate token is asked for when first needed and kept for the browser session,
+// sent only as the X-Agenttape-Annotate-Token header (never a cookie), beside the read token.
+const ANNOTATE_KEY = "agenttape.console.annotate";
+export function annotateToken() { return sessionStorage.getItem(ANNOTATE_KEY) || ""; }
+export function setAnnotateToken(t) { if (t) sessionStorage.setItem(ANNOTATE_KEY, t); else sessionStorage.removeItem(ANNOTATE_KEY); }
+
+export async function postScore(ref, score) {
+  const res = await fetch(`/api/runs/${enc(ref)}/scores`, {
+    method: "POST", cache: "no-store", body: JSON.stringify(score),
+    headers: { ...headers(), "Content-Type": "application/json", "X-Agenttape-Annotate-Token": annotateToken() },
+  });
+  if (res.status === 401) throw new AuthNeeded("token needed");
+  let body = null;
+  try { body = await res.json(); } catch (e) { body = null; }
+  if (!res.ok) throw new ApiError(res.status, (body && body.error) || `HTTP ${res.status}`);
+  return body;
+}

@@ -190,3 +190,11 @@ export function badge(status) {
   const st = String(status || "unknown");
   return h("span", { class: `badge st-${st.replace(/[^a-z_]/gi, "")}` }, st);
 }
+
+// A score as one short text: "helpfulness 0.9", "correctness pass", "tone 0.5 ok".
+export function fmtScore(name, sc) {
+  const parts = [name];
+  if (sc.value !== null && sc.value !== undefined) parts.push(String(Math.round(Number(sc.value) * 1000) / 1000));
+  if (sc.label) parts.push(sc.label);
+  return parts.join(" ");
+}

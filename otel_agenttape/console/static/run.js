@@ -1,8 +1,8 @@
 // One run: header with totals, then its ordered steps, its nodes' full input and output, a waterfall of
 // its spans, and the replay JSON.
 
-import { download, enc, get, verification } from "./api.js";
-import { badge, clear, costTitle, fmtCost, fmtDuration, fmtInt, fmtTime, fmtUsd, h, jsonFold, longText, plural, put, shortId, valueView } from "./dom.js";
+import { annotateToken, ApiError, download, enc, get, postScore, setAnnotateToken, verification } from "./api.js";
+import { badge, clear, costTitle, fmtCost, fmtDuration, fmtInt, fmtScore, fmtTime, fmtUsd, h, jsonFold, longText, plural, put, shortId, valueView } from "./dom.js";
 import { verifyBadge } from "./runs.js";
 
 function message(m) {
@@ -124,8 +124,64 @@ function waterfall(tl) {
     rows);
 }
 
+function scoreRow(sc, runSpan) {
+  const what = sc.error_type ? h("span", { class: "error" }, `${sc.name}: evaluation failed (${sc.error_type})`)
+    : h("strong", {}, fmtScore(sc.name, sc));
+  return h("li", { class: `score-row${sc.error_type ? " failed" : ""}`, data: { score: sc.score_id || "" } }, what,
+    h("span", { class: "muted" }, ` · ${sc.source || ""}${sc.version ? "@" + sc.version : ""}`),
+    sc.span_id && sc.span_id !== runSpan ? h("span", { class: "muted" }, ` · node ${shortId(sc.span_id, 8)}`) : null,
+    h("span", { class: "muted" }, ` · ${fmtTime(sc.time_unix_nano)}`),
+    sc.explanation ? h("div", { class: "score-why" }, sc.explanation) : null);
+}
+
+// The run's scores, and (when the console takes annotations) a form to add one to the run or a node.
+function scoresPanel(ref, runSpan, scores, annotate, nodes) {
+  const list = h("ul", { class: "scores-list", id: "scores" }, scores.map((sc) => scoreRow(sc, runSpan)));
+  const empty = h("p", { class: "muted", id: "scores-empty" }, "No scores yet.");
+  empty.hidden = scores.length > 0;
+  const section = h("section", { class: "scores-panel" }, h("h2", {}, "Scores"), empty, list);
+  if (!annotate) return section;
+  const field = (name, label, attrs = {}) => h("label", {}, label, h("input", { name, ...attrs }));
+  const node = h("select", { name: "span_id" }, h("option", { value: "" }, "the whole run"),
+    nodes.map((n) => h("option", { value: n.span_id }, `${n.type} ${n.model || n.tool_name || ""} ${shortId(n.span_id, 8)}`)));
+  const status = h("span", { class: "muted", id: "annotate-status", role: "status" });
+  const secret = h("label", { class: "annotate-token" }, "annotate token",
+    h("input", { name: "annotate_token", type: "password", autocomplete: "off" }));
+  secret.hidden = Boolean(annotateToken());
+  const form = h("form", { class: "annotate", id: "annotate" }, secret,
+    field("name", "name", { required: true, placeholder: "helpfulness", maxlength: 200 }),
+    field("value", "value", { type: "number", step: "any", placeholder: "0.9" }),
+    field("label", "label", { placeholder: "pass", maxlength: 200 }),
+    field("comment", "comment", { placeholder: "why", maxlength: 4000 }),
+    h("label", {}, "on", node),
+    h("button", { type: "submit" }, "Add score"), status);
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const data = Object.fromEntries(new FormData(form).entries());
+    if (data.annotate_token) setAnnotateToken(data.annotate_token.trim());
+    delete data.annotate_token;
+    status.textContent = "saving…";
+    try {
+      const res = await postScore(ref, data);
+      status.textContent = res.visible ? "saved" : "sent (it appears once the receiver has stored it)";
+      status.className = "muted";
+      if (res.score) { list.appendChild(scoreRow(res.score, runSpan)); empty.hidden = true; }
+      form.reset();
+      secret.hidden = true;
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 403) { setAnnotateToken(""); secret.hidden = false; }
+      status.textContent = e.message;
+      status.className = "error";
+    }
+  });
+  section.appendChild(form);
+  return section;
+}
+
 export async function runView(view, ref, params) {
-  const [summary, steps] = await Promise.all([get(`runs/${enc(ref)}`), get(`runs/${enc(ref)}/steps`)]);
+  const [summary, steps, scored, info] = await Promise.all([get(`runs/${enc(ref)}`), get(`runs/${enc(ref)}/steps`),
+    get(`runs/${enc(ref)}/scores`), get("info")]);
+  const nodesForm = info.annotate ? (await get(`runs/${enc(ref)}/nodes`)).nodes : [];
   const tab = params.get("tab") || "steps";
   const vcell = h("span", {}, verifyBadge(summary.tape_id, undefined));
   const dl = h("button", { type: "button", id: "download-otlp" }, "Download OTLP JSON");
@@ -157,6 +213,7 @@ export async function runView(view, ref, params) {
       h("a", { href: `#/diff/${enc(ref)}`, class: "button" }, "Diff with…"), dl),
     summary.status_message ? h("p", { class: "error" }, summary.status_message) : null,
     h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+    scoresPanel(summary.ref, summary.span_id, scored.scores, info.annotate, nodesForm),
     h("nav", { class: "tabs" }, tabs), panel);
   verification([summary.tape_id]).then((r) => {
     clear(vcell).appendChild(verifyBadge(summary.tape_id, summary.tape_id ? r[summary.tape_id] : null));
