@@ -139,6 +139,20 @@ def overview() -> dict:
             (f"sum by (gen_ai_request_model) (increase(agenttape_gen_ai_unpriced_calls_total[{RANGE}])) or "
              f"sum by (gen_ai_request_model) (increase({dur}_count[{RANGE}])) * 0", "{{gen_ai_request_model}}")],
           "short", ("model",), "Give such models a price with AGENTTAPE_PRICES (per-model prices per million tokens)."),
+        P("table", "Scores in the time range by evaluation, label and who gave them", [
+            (f"sum by (gen_ai_evaluation_name, gen_ai_evaluation_score_label, agenttape_score_source) "
+             f"(increase(agenttape_evaluation_scores_total[{RANGE}]))",
+             "{{gen_ai_evaluation_name}} {{gen_ai_evaluation_score_label}} {{agenttape_score_source}}")], "short", (),
+          "gen_ai.evaluation.result events: evaluators, people's annotations, other instrumentations' judges."),
+        P("stat", "Mean score by evaluation (since the receiver started)", [
+            ("sum by (gen_ai_evaluation_name) (agenttape_evaluation_score_value_sum) / "
+             "sum by (gen_ai_evaluation_name) (agenttape_evaluation_score_value_count)", "{{gen_ai_evaluation_name}}")],
+          "short", ()),
+        P("table", "Failed evaluations in the time range by evaluation and error type", [
+            (f'sum by (gen_ai_evaluation_name, error_type) (increase(agenttape_evaluation_scores_total{{error_type!=""}}[{RANGE}])) '
+             f"or sum by (gen_ai_evaluation_name) (increase(agenttape_evaluation_scores_total[{RANGE}])) * 0",
+             "{{gen_ai_evaluation_name}} {{error_type}}")], "short", (),
+          "A judge that timed out or answered garbage records error.type, never a score."),
         P("table", "Tokens in the time range by model", [
             (f"sum by (gen_ai_request_model, gen_ai_token_type) (increase(gen_ai_client_token_usage_sum[{RANGE}]))",
              "{{gen_ai_request_model}} {{gen_ai_token_type}}")], "short", ("model",)),

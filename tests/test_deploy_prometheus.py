@@ -65,7 +65,11 @@ def stack(tmp_path_factory):
 
         tape = setup(endpoint=info["url"], protocol="http/protobuf", service_name="agenttape-demo")
         try:
-            run_demo_agents(tape)
+            demo = run_demo_agents(tape)
+            # feedback on the demo: a person's thumbs-up afterwards, an evaluator's value and a judge that failed
+            assert tape.score(demo["run_id"], "thumbs", label="up")
+            assert tape.score(demo["run_id"], "helpfulness", 0.8, source="code")
+            assert tape.score(demo["run_id"], "judge", source="llm", error_type="timeout")
         finally:
             tape.shutdown()
         target = urlsplit(info["url"]).netloc

@@ -28,6 +28,7 @@ from otel_agenttape.receiver.metric_state import CounterState, HistogramState, L
 from otel_agenttape.receiver.metrics import GENAI_DURATION_BUCKETS
 from otel_agenttape.pricing import Prices
 from otel_agenttape.receiver.run_steps import OpenRuns
+from otel_agenttape.receiver.score_metrics import batch_scores
 from otel_agenttape.receiver.span_cost import batch_usd
 from otel_agenttape.receiver.span_labels import BatchLabels, flat, rows_containing, seconds, true_mask
 
@@ -39,8 +40,13 @@ STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 LABEL_CAPS = {
     "gen_ai_operation_name": 32, "gen_ai_provider_name": 32, "gen_ai_request_model": 64,
     "gen_ai_response_model": 64, "gen_ai_agent_name": 100, "gen_ai_tool_name": 100, "service_name": 32,
-    "status": 16, "error_type": 32,
+    "status": 16, "error_type": 32, "gen_ai_evaluation_name": 64, "gen_ai_evaluation_score_label": 64,
+    "agenttape_score_source": 32,
 }
+SCORE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 2, 3, 4, 5, 10, 100)
+_SCORE = ("gen_ai_evaluation_name", "gen_ai_evaluation_score_label", "agenttape_score_source", "error_type",
+          "gen_ai_agent_name", "service_name")
+_SCORE_VALUE = ("gen_ai_evaluation_name", "gen_ai_agent_name", "service_name")
 # operations with metrics of their own (runs, tools): not client operations
 _NOT_CLIENT_OPS = ("invoke_agent", "invoke_workflow", "execute_tool")
 _STREAM_EVENTS = ["agenttape.text", "agenttape.reasoning"]
@@ -74,6 +80,11 @@ class SpanMetrics(Collector):
         self.unpriced = C("agenttape_gen_ai_unpriced_calls_total",
                           "Model calls without a price (unknown model or no token counts): their cost is unknown.",
                           _COST)
+        self.scores = C("agenttape_evaluation_scores_total",
+                        "Scores (gen_ai.evaluation.result events) by evaluation name, label, who gave them and "
+                        "agent; error_type marks evaluations that failed.", _SCORE)
+        self.score_value = H("agenttape_evaluation_score_value", "Score values by evaluation name and agent.",
+                             _SCORE_VALUE, SCORE_BUCKETS)
         self.runs = C("agenttape_runs_total", "Agent runs (invoke_agent spans) by agent and final status.", _RUN)
         self.run_duration = H("agenttape_run_duration_seconds", "Duration of agent runs.", _RUN,
                               AGENT_DURATION_BUCKETS)
@@ -120,7 +131,8 @@ class SpanMetrics(Collector):
     # -- derivation -----------------------------------------------------------------------------
 
     def observe(self, tables: dict[str, pa.Table]) -> None:
-        """Add one committed batch (``spans`` and ``span_events`` tables of ``store.rows``)."""
+        """Add one committed batch (``spans``, ``span_events`` and ``log_records`` tables of ``store.rows``)."""
+        self._scores(tables)
         spans = tables.get("spans")
         if spans is None or not spans.num_rows:
             return
@@ -207,6 +219,21 @@ class SpanMetrics(Collector):
         start = flat(spans.column("start_time_unix_nano")).to_numpy()[client]
         ttfc = np.clip((first[seen] - start[seen]) / 1e9, 0, None)
         self.ttfc.add_sets(labels.groups(_MODEL), client[seen], ttfc)
+
+    def _scores(self, tables: dict[str, pa.Table]) -> None:
+        found = batch_scores(tables)
+        if not found:
+            return
+        cols = {k: [f[k] for f in found] for k in ("name", "label", "source", "error_type", "agent", "service")}
+        codes = {label: self.caps[label].codes(pa.array(cols[key], pa.string())) for label, key in (
+            ("gen_ai_evaluation_name", "name"), ("gen_ai_evaluation_score_label", "label"),
+            ("agenttape_score_source", "source"), ("error_type", "error_type"), ("gen_ai_agent_name", "agent"),
+            ("service_name", "service"))}
+        self.scores.add([codes[label] for label in _SCORE])
+        valued = np.flatnonzero([f["value"] is not None for f in found])
+        if len(valued):
+            values = np.array([found[i]["value"] for i in valued], dtype=np.float64)
+            self.score_value.add([(codes[label][0][valued], codes[label][1]) for label in _SCORE_VALUE], values)
 
     def _tools(self, tools: np.ndarray, dur: np.ndarray, err: np.ndarray, labels: BatchLabels) -> None:
         failed = tools[err[tools]]
