@@ -66,9 +66,14 @@ def until(what, check, timeout: float = 30.0):
     """``what()`` once ``check`` holds for it (the receiver stores asynchronously)."""
     deadline = time.monotonic() + timeout
     while True:
-        got = what()
-        if check(got) or time.monotonic() > deadline:
-            return got
+        try:
+            got = what()
+        except otel_agenttape.RunNotFound:  # its spans not stored yet
+            if time.monotonic() > deadline:
+                raise
+        else:
+            if check(got) or time.monotonic() > deadline:
+                return got
         time.sleep(0.1)
 
 
