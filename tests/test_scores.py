@@ -104,7 +104,7 @@ def test_scores_from_other_processes_arrive_across_a_receiver_restart_and_are_se
     assert code == 0 and judged["state"] == "delivered" and judged["outbox_spans_pending"] == 0, judged
 
     with otel_agenttape.open(receiver.url) as tapes:
-        rows = until(lambda: tapes.scores(meh), lambda rows: len(rows) >= 5)
+        rows = until(lambda: tapes.scores(meh), lambda rows: len(rows) >= 6)
         got = [(r["name"], r["value"], r["label"], r["source"], r["version"]) for r in rows]
         assert got == [("fluency", 0.8, None, "code", None), ("quality", 0.5, None, "rubric", "2"),
                        ("helpfulness", 0.5, None, "code", None), ("thumbs", None, "up", "human", None),
