@@ -32,7 +32,7 @@ def main() -> None:
         with tape.run(agent="helper", run_id=run_id) as run:
             question = f"how do I reset my password? ({run_id})"
             with run.model_call("gpt-test", [{"role": "user", "content": question}]) as call:
-                call.finish(text=f"Open settings, then security ({run_id}).")
+                call.finish(text=f"Open settings, then security ({run_id}).", response_id=f"resp-{run_id}")
                 if quality is not None:
                     assert call.score("fluency", 0.8, source="code")
             run.set_output(f"Open settings, then security ({run_id}).")

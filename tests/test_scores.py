@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from receiver_util import free_env
 
 import otel_agenttape
 from otel_agenttape import cli
+from otel_agenttape.capture.scores import ScoreError
 
 HERE = Path(__file__).parent
 
@@ -66,9 +66,14 @@ def until(what, check, timeout: float = 30.0):
     """``what()`` once ``check`` holds for it (the receiver stores asynchronously)."""
     deadline = time.monotonic() + timeout
     while True:
-        got = what()
-        if check(got) or time.monotonic() > deadline:
-            return got
+        try:
+            got = what()
+        except otel_agenttape.RunNotFound:  # its spans not stored yet
+            if time.monotonic() > deadline:
+                raise
+        else:
+            if check(got) or time.monotonic() > deadline:
+                return got
         time.sleep(0.1)
 
 
@@ -99,7 +104,7 @@ def test_scores_from_other_processes_arrive_across_a_receiver_restart_and_are_se
     assert code == 0 and judged["state"] == "delivered" and judged["outbox_spans_pending"] == 0, judged
 
     with otel_agenttape.open(receiver.url) as tapes:
-        rows = until(lambda: tapes.scores(meh), lambda rows: len(rows) >= 5)
+        rows = until(lambda: tapes.scores(meh), lambda rows: len(rows) >= 6)
         got = [(r["name"], r["value"], r["label"], r["source"], r["version"]) for r in rows]
         assert got == [("fluency", 0.8, None, "code", None), ("quality", 0.5, None, "rubric", "2"),
                        ("helpfulness", 0.5, None, "code", None), ("thumbs", None, "up", "human", None),
@@ -185,3 +190,16 @@ def test_the_dataset_keeps_only_the_runs_above_the_score_and_counts_the_rest(rec
         assert result.written == 0 and dict(result.skipped) == {"no_label:fluency": 3}
     with pytest.raises(ValueError, match="NAME>=VALUE"):
         otel_agenttape.open(receiver.url).runs(score="quality")
+
+
+def test_a_score_naming_a_model_response_id_scores_that_call(receiver, recorded):
+    tape = otel_agenttape.setup(receiver.url)
+    tape.score("resp-plain", "thumbs", label="down", source="human")  # all a chat widget knows
+    with pytest.raises(ScoreError, match="value, a label"):
+        tape.score(recorded["plain"]["ref"], "thumbs")
+    tape.shutdown()
+    with otel_agenttape.open(receiver.url) as tapes:
+        (row,) = until(lambda: tapes.scores(name="thumbs", source="human", span_id=recorded["plain"]["model_span"]),
+                       lambda rows: len(rows) == 1)
+        assert row["run_ref"] == recorded["plain"]["ref"] and row["label"] == "down"
+        assert row["response_id"] == "resp-plain"
