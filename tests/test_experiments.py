@@ -14,7 +14,8 @@ from tape_agents import ScriptedModel, ScriptedTools, flush, recorder, start_ser
 import otel_agenttape
 from otel_agenttape import cli
 from otel_agenttape.tape.experiment import Candidate, experiment_refs, run_experiment
-from otel_agenttape.tape.experiment_compare import check_gates, register_evaluator, set_cost_function
+from otel_agenttape.pricing import Prices, Rates
+from otel_agenttape.tape.experiment_compare import check_gates, register_evaluator
 
 
 def _tool_call(city: str, n: int, content: str) -> dict:
@@ -114,11 +115,12 @@ def test_compare_numbers_by_hand(env, recorded):
         assert (s["runs"], s["errors"], s["answer_same"], s["tool_agreement"]) == (4, 0, 1.0, 1.0)
         assert s["candidate_cost_usd"] is None and s["baseline_cost_usd"] is None  # unknown, never 0
         register_evaluator("mentions_temp", lambda node: 1.0 if "F" in node.output_text else 0.0)
-        set_cost_function(lambda n: (n.usage.input_tokens or 0) * 1e-6 + (n.usage.output_tokens or 0) * 2e-6)
+        # self-hosted models: priced by overrides (1 and 2 dollars per million input / output tokens)
+        rates = Rates(input=1e-6, output=2e-6, cache_read=1e-6, cache_write=1e-6, source="override")
+        tapes.use_prices(Prices({(None, "fake-1"): rates, (None, "cand-b"): rates}))
         try:
             cmp = tapes.compare("b", evals=["mentions_temp"])
         finally:
-            set_cost_function(None)
             register_evaluator("mentions_temp", None)
     s = cmp.summary()
     # Paris 1: text differs only in spaces/case; Paris 2 and Oslo 2: new words; Oslo 1: tool argument "oslo"

@@ -2,9 +2,9 @@
 
 Per pair: whether the answer changed (exactly, and after normalising whitespace and case), whether the
 tool calls agree (same names and arguments, in any order), tokens, latency, cost and evaluator scores;
-then a summary and gates (``correctness<0.9``) for CI. Cost and scores come through hooks
-(``set_cost_function``, ``register_evaluator``) that the pricing and evaluation modules fill: until one is
-set a cost is unknown (None), never 0.
+then a summary and gates (``correctness<0.9``) for CI. Cost is each side's model call priced by the read
+model's prices (genai-prices and the user's overrides, ``tape/read/cost.py``): a model without a price
+has an unknown cost (None), never 0. Scores come from evaluators registered by name (``register_evaluator``).
 """
 
 from __future__ import annotations
@@ -20,16 +20,9 @@ from .experiment import ExperimentError, experiment_refs, latest_per_node
 from .model import Node, Run
 from .rebuild import iter_runs
 
-CostFunction = Callable[[Node], "float | None"]
 Evaluator = Callable[[Node], "float | None"]
 
-_cost: list[CostFunction] = []
 EVALUATORS: dict[str, Evaluator] = {}
-
-
-def set_cost_function(fn: CostFunction | None) -> None:
-    """The node -> USD function compare uses (None: cost unknown again)."""
-    _cost[:] = [fn] if fn is not None else []
 
 
 def register_evaluator(name: str, fn: Evaluator | None) -> None:
@@ -40,14 +33,15 @@ def register_evaluator(name: str, fn: Evaluator | None) -> None:
         EVALUATORS[name] = fn
 
 
-def node_cost(node: Node | None) -> float | None:
-    if node is None or not _cost:
+def node_cost(node: Node | None, prices: Any) -> float | None:
+    """One model node's dollars at ``prices`` (None: no node, no prices, or no price for its model)."""
+    if node is None or prices is None:
         return None
-    try:
-        value = _cost[0](node)
-    except Exception:
-        return None
-    return None if value is None else float(value)
+    from .read.cost import node_call
+
+    c = node_call(node)
+    return prices.call_usd(c["provider"], c["model"], c["input_tokens"], c["output_tokens"],
+                           c["cache_read_tokens"], c["cache_write_tokens"], c["start_ns"])
 
 
 _SPACE = re.compile(r"\s+")
@@ -246,7 +240,8 @@ def compare(tapes: Any, name: str, *, baseline: str = "original", evals: Sequenc
         base_ref, base_node = base_of[key]
         pair = Pair(key[0], key[1], ref, base_ref, base_node, _node_of(run, "" if key[1] == "" else None),
                     _error_of(run))
-        pair.costs = {"baseline": node_cost(base_node), "candidate": node_cost(pair.candidate)}
+        prices = getattr(tapes, "prices", None)
+        pair.costs = {"baseline": node_cost(base_node, prices), "candidate": node_cost(pair.candidate, prices)}
         for e in evals:
             pair.scores[e] = {"baseline": _score(e, base_node),
                               "candidate": None if pair.error else _score(e, pair.candidate)}
