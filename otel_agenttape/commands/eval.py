@@ -1,0 +1,187 @@
+"""``agenttape eval EVALUATOR``: score recorded runs with a built-in check, an LLM judge or a custom
+function (``MODULE:FUNCTION``), through ``tape.evaluate``.
+
+Scores leave as telemetry, over OTLP to a receiver: the one serving ``--db`` when there is one, else a
+receiver this command starts on the file for the duration (as ``agenttape demo`` does), so the scores are
+sealed and stored like any tape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+from otel_agenttape.commands.errors import EXIT_FAILED, EXIT_OK, CliError, reported
+from otel_agenttape.commands.sources import source_of, store_errors, with_prices
+
+
+# tape.evaluators.BUILTINS, named here so that building the parser imports nothing heavy
+BUILTIN_NAMES = ("json_valid", "regex", "contains", "exact_match", "tool_error_rate", "latency_budget", "cost_budget",
+                 "llm_judge")
+
+
+def add_parser(sub: Any, source_args: Any) -> None:
+    """The ``eval`` command (called by ``cli._build_parser``)."""
+    p = sub.add_parser("eval", help="score recorded runs with a built-in check, an LLM judge or MODULE:FUNCTION "
+                                    "(a rerun of the same evaluator adds nothing)")
+    p.add_argument("evaluator", metavar="EVALUATOR", help=f"{', '.join(BUILTIN_NAMES)}, or MODULE:FUNCTION")
+    p.add_argument("--run", action="append", default=None, metavar="RUN", help="only this run (repeatable)")
+    p.add_argument("--agent", default=None, help="only runs of this agent")
+    p.add_argument("--status", default=None, help="only runs with this status")
+    p.add_argument("--source", default=None, help="only runs recorded by this source")
+    p.add_argument("--session", default=None, help="only the runs (turns) of this session")
+    p.add_argument("--model", default=None, help="only runs that used this model")
+    p.add_argument("--tool", default=None, help="only runs that called this tool")
+    p.add_argument("--since", default=None, metavar="T", help="only runs started at or after T (ISO date/time)")
+    p.add_argument("--until", default=None, metavar="T", help="only runs started before T")
+    p.add_argument("--limit", type=int, default=None, help="at most this many runs (oldest first)")
+    p.add_argument("--pattern", default=None, metavar="RE", help="regex: the expression; contains: the text")
+    p.add_argument("--reference", default=None, metavar="FILE",
+                   help="exact_match: JSONL lines {\"input\": ..., \"expected\": ...}")
+    p.add_argument("--budget-ms", type=float, default=None, metavar="N", help="latency_budget: milliseconds")
+    p.add_argument("--budget-usd", type=float, default=None, metavar="X", help="cost_budget: dollars per run")
+    p.add_argument("--max-rate", type=float, default=None, metavar="R",
+                   help="tool_error_rate: the highest share of failed tool calls that passes (default 0)")
+    p.add_argument("--judge-model", default=None, metavar="M", help="llm_judge: the judge model")
+    p.add_argument("--judge-base-url", default=None, metavar="URL",
+                   help="llm_judge: any OpenAI-compatible endpoint (default the OpenAI API)")
+    p.add_argument("--judge-api-key-env", default=None, metavar="VAR",
+                   help="llm_judge: environment variable holding the API key (default OPENAI_API_KEY)")
+    p.add_argument("--judge-timeout", type=float, default=30.0, metavar="S",
+                   help="llm_judge: seconds per answer (default %(default)s); then error.type timeout")
+    p.add_argument("--rubric", default=None, metavar="FILE", help="llm_judge: the rubric (text)")
+    p.add_argument("--name", default=None, help="record the scores under this name instead of the evaluator's")
+    p.add_argument("--version", dest="eval_version", default=None, metavar="V",
+                   help="the evaluator's version (a new one scores every run again)")
+    p.add_argument("--concurrency", type=int, default=4, help="runs evaluated at once (default %(default)s)")
+    p.add_argument("--rescore", action="store_true", help="score runs this evaluator already scored again")
+    p.add_argument("--endpoint", default=None, metavar="URL",
+                   help="OTLP/HTTP receiver the scores go to (default: the one serving --db, else one started "
+                        "on --db for the duration)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    source_args(p)
+    p.set_defaults(func=run)
+
+
+def load_custom(spec: str) -> Any:
+    """``MODULE:FUNCTION`` (the current folder importable): the function or ``Evaluator`` it names."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise CliError(f"{spec!r}: give a built-in evaluator's name or MODULE:FUNCTION")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"cannot import {module_name}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise CliError(f"{module_name} has no {attr}")
+    if not callable(obj):
+        raise CliError(f"{spec} is not a function")
+    return obj
+
+
+def build(args: argparse.Namespace) -> Any:
+    """The evaluator the arguments name."""
+    from otel_agenttape.tape.evaluate import as_evaluator
+    from otel_agenttape.tape.evaluators import builtin
+
+    if ":" in args.evaluator:
+        fn = load_custom(args.evaluator)
+    else:
+        judge = {"model": args.judge_model, "rubric": args.rubric, "base_url": args.judge_base_url,
+                 "api_key_env": args.judge_api_key_env, "timeout": args.judge_timeout}
+        try:
+            fn = builtin(args.evaluator, pattern=args.pattern, reference=args.reference, budget_ms=args.budget_ms,
+                         budget_usd=args.budget_usd, max_rate=args.max_rate, judge=judge)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    try:
+        return as_evaluator(fn, args.name, args.eval_version)
+    except (TypeError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def writable(args: argparse.Namespace) -> Iterator[tuple[Any, str, str | None]]:
+    """(``Tapes`` to read, the OTLP/HTTP endpoint scores go to, its token): ``--endpoint``; else the
+    receiver serving ``--db``; else a receiver started on ``--db`` until the scores are stored."""
+    from otel_agenttape.sources import open as open_tapes
+
+    source = source_of(args)
+    db = getattr(args, "db", None)
+    plain_db = isinstance(source, str) and source == db and not source.startswith(("http://", "https://"))
+    if args.endpoint or not plain_db:
+        tapes = with_prices(open_tapes(source), getattr(args, "prices", None))
+        try:
+            yield tapes, args.endpoint, None
+        finally:
+            tapes.close()
+        return
+    from otel_agenttape.receiver.server import TapeServer, read_discovery
+    from otel_agenttape.tape.read import Tapes
+
+    served = read_discovery(db)
+    if served is not None:
+        tapes = with_prices(open_tapes(db), getattr(args, "prices", None))
+        try:
+            yield tapes, str(served["url"]), served.get("token")
+        finally:
+            tapes.close()
+        return
+    if not os.path.exists(db):
+        raise CliError(f"no tape store at {db} (run `agenttape serve --db {db}` or `agenttape demo`)")
+    server = TapeServer(db, host="127.0.0.1", http_port=0, grpc_port=0, grpc_enabled=False, ingest_workers=0,
+                        span_metrics=False)
+    server.start()
+    try:
+        tapes = with_prices(Tapes(server.store.reader()), getattr(args, "prices", None))
+        try:
+            yield tapes, server.url, None
+        finally:
+            tapes.close()
+        if not server.wait_idle(60):
+            raise CliError("the receiver did not store every score within 60 s")
+    finally:
+        server.stop()
+
+
+def _print(summary: Any, out: TextIO) -> None:
+    out.write(f"eval {summary.evaluator}: {summary.selected} runs selected, {summary.evaluated} evaluated, "
+              f"{summary.skipped} skipped (already scored), {summary.errors} errors"
+              + (f", {summary.not_applicable} not applicable" if summary.not_applicable else "") + "\n")
+    if summary.labels:
+        out.write("  labels: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.labels.items())) + "\n")
+    for f in summary.failed:
+        out.write(f"  error {f['ref']}: {f['error_type']}" + (f": {f['explanation']}" if f["explanation"] else "") + "\n")
+    if summary.errors > len(summary.failed):
+        out.write(f"  ... {summary.errors - len(summary.failed)} more errors\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate the selected runs; exit 1 when an evaluation failed (its error.type is recorded)."""
+    from otel_agenttape.tape.evaluate import evaluate
+
+    ev = build(args)
+    filters = {"agent": args.agent, "status": args.status, "source": args.source, "session": args.session,
+               "model": args.model, "tool": args.tool, "since": args.since, "until": args.until}
+    from otel_agenttape.tape.refs import AmbiguousRunError, RunNotFound
+
+    with reported(*store_errors(), RunNotFound, AmbiguousRunError, TypeError):
+        with writable(args) as (tapes, endpoint, token):
+            summary = evaluate(tapes, ev, endpoint=endpoint, token=token, refs=args.run or (), limit=args.limit,
+                               concurrency=args.concurrency, rescore=args.rescore, **filters)
+    if args.json:
+        sys.stdout.write(json.dumps(summary.to_json(), ensure_ascii=False) + "\n")
+    else:
+        _print(summary, sys.stdout)
+    return EXIT_FAILED if summary.errors else EXIT_OK
