@@ -202,8 +202,8 @@ class EvalRun:
     def input_text(self) -> str:
         """The last user message's text (what a reference file's ``input`` is matched with)."""
         for m in reversed(self.run.input):
-            if m.get("role") == "user":
-                return message_text(m)
+            if getattr(m, "role", None) == "user":
+                return m.content()
         return ""
 
     def __getattr__(self, name: str) -> Any:
@@ -214,7 +214,8 @@ class EvalRun:
         return getattr(self.run, name)
 
 
-_SUMMARY_FIELDS = frozenset(RunSummary.__dataclass_fields__) - {"cost_usd", "priced_calls", "unpriced_calls"}
+# ``tools`` is the rebuilt run's (its calls, with arguments, results and errors); ``summary.tools`` names them
+_SUMMARY_FIELDS = frozenset(RunSummary.__dataclass_fields__) - {"cost_usd", "priced_calls", "unpriced_calls", "tools"}
 
 
 def message_text(message: Any) -> str:
