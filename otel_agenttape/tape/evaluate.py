@@ -3,11 +3,13 @@
 ``evaluate(tapes, evaluator, tape=...)`` selects runs as ``Tapes.runs`` does, skips the runs this
 evaluator (name and version) has already scored, calls it on the rest with bounded concurrency and records
 each answer as a ``gen_ai.evaluation.result`` event in a score tape of its own, through the same path as
-``tape.score`` (sealed, exported, outboxed), with the evaluator's ``NAME@VERSION`` as its source. An
+``tape.score`` (sealed, exported, outboxed), with the evaluator's ``NAME@VERSION`` as its source (the
+scores of one call share score spans, up to ``Recorder.BATCH`` events each, so a thousand scores are not a
+thousand tapes with a checkpoint each). An
 evaluator that fails (a judge that times out or answers garbage) records ``error.type`` and no value: a
 failed evaluation never makes a score up, and the next run is evaluated all the same.
 
-Runs are read in chunks: the summaries of all selected runs first (cheap), then per chunk, only when an
+Runs are read in chunks: the summaries of all selected runs first, then per chunk, only when an
 evaluator asks, the rebuilt runs (``run.output``, ``run.tools``...) and their cost (``run.cost_usd``).
 """
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .. import semconv as sc
-from ..capture.scores import ScoreError, emit_score_span, score_attributes
+from ..capture.scores import ScoreError, score_attributes
 from .model import Run
 from .read.filters import Filters, as_ns
 from .read.listing import all_matching, by_refs
@@ -269,15 +271,52 @@ def select_runs(tapes: Any, *, refs: Sequence[str] = (), limit: int | None = Non
 # --- recording ----------------------------------------------------------------------------------------
 
 
-def record(tape: Any, ev: Evaluator, summary: RunSummary, result: Result) -> None:
-    """The result as a score of the run's span, sealed in a score tape of its own (``tape.score``'s path,
-    which also records ``error.type``)."""
-    attrs = score_attributes(ev.name, result.value, result.label, result.explanation, source=ev.source,
-                             error_type=result.error_type)
-    from .. import __version__
+class Recorder:
+    """Scores on their way out: each a ``gen_ai.evaluation.result`` event naming the run it scores (its ref,
+    trace and span ids, as ``tape.score`` writes them), carried by an ``agenttape.score`` span of a score
+    tape of its own, sealed and exported through ``tape`` like every span. Up to ``BATCH`` scores share a
+    span (one tape and one checkpoint for them, not one each); a span leaves at the latest
+    ``FLUSH_SECONDS`` after its first score was given, and at ``flush()``."""
 
-    tracer = tape.tracer_provider.get_tracer(sc.SCOPE_NAME, __version__)
-    emit_score_span(tracer, attrs, of=summary.ref, trace_id=summary.trace_id, span_id=summary.span_id)
+    BATCH = 100
+    FLUSH_SECONDS = 2.0
+
+    def __init__(self, tape: Any, ev: Evaluator) -> None:
+        from .. import __version__
+
+        self.ev = ev
+        self.tracer = tape.tracer_provider.get_tracer(sc.SCOPE_NAME, __version__)
+        self._events: list[tuple[dict[str, Any], int]] = []
+        self._since = 0.0
+        self.spans = 0
+
+    def add(self, summary: RunSummary, result: Result) -> None:
+        attrs = score_attributes(self.ev.name, result.value, result.label, result.explanation, source=self.ev.source,
+                                 error_type=result.error_type)
+        attrs[sc.SCORE_OF] = summary.ref
+        attrs[sc.SCORE_TRACE_ID] = summary.trace_id
+        if summary.span_id:
+            attrs[sc.SCORE_SPAN_ID] = summary.span_id
+        if not self._events:
+            self._since = time.monotonic()
+        self._events.append((attrs, time.time_ns()))
+        if len(self._events) >= self.BATCH or time.monotonic() - self._since >= self.FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        events, self._events = self._events, []
+        if not events:
+            return
+        from opentelemetry.context import Context
+
+        span = self.tracer.start_span(sc.SCORE_SPAN_NAME, context=Context(), attributes={
+            sc.GEN_AI_EVALUATION_NAME: self.ev.name, sc.SCORE_SOURCE: self.ev.source})
+        try:
+            for attrs, when in events:
+                span.add_event(sc.EVENT_EVALUATION_RESULT, attrs, timestamp=when)
+        finally:
+            span.end()
+        self.spans += 1
 
 
 def checked(result: Result) -> Result:
@@ -358,6 +397,7 @@ def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSumma
     todo = [r for r in listed if r.ref not in done]
     out.skipped = len(listed) - len(todo)
     bar = Progress(ev.source, len(todo), progress)
+    recorder = Recorder(tape, ev)
 
     def one(item: EvalRun) -> tuple[RunSummary, Result | None]:
         result = ev(item)
@@ -372,7 +412,7 @@ def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSumma
                     if result is None:
                         out.not_applicable += 1
                         continue
-                    record(tape, ev, summary, result)
+                    recorder.add(summary, result)
                     if result.error_type:
                         out.errors += 1
                         failed += 1
@@ -386,6 +426,7 @@ def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSumma
                             out.labels[result.label] = out.labels.get(result.label, 0) + 1
                 bar.tick(len(chunk.summaries), failed)
     finally:
+        recorder.flush()
         bar.close()
     out.seconds = time.monotonic() - started
     return out
