@@ -15,11 +15,11 @@ evaluator asks, the rebuilt runs (``run.output``, ``run.tools``...) and their co
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -385,6 +385,52 @@ class Progress:
 
 
 MAX_FAILED_LISTED = 20
+_DONE = object()
+
+
+def bounded_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: int) -> Iterator[Any]:
+    """``fn`` over ``items`` on at most ``workers`` threads, results in the order they finish. Each
+    worker takes the next item when it is free (no task object per item, so a cheap check is not
+    dominated by handing it out); ``fn`` must not raise. One worker: in this thread."""
+    workers = max(1, int(workers))
+    if workers == 1:
+        yield from map(fn, items)
+        return
+    source = iter(items)
+    take = threading.Lock()
+    results: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            while not stop.is_set():
+                with take:
+                    item = next(source, _DONE)
+                if item is _DONE:
+                    return
+                results.put((fn(item),))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            results.put(exc)
+        finally:
+            results.put(_DONE)
+
+    threads = [threading.Thread(target=work, name=f"agenttape-eval-{i}", daemon=True) for i in range(workers)]
+    for t in threads:
+        t.start()
+    running = workers
+    try:
+        while running:
+            got = results.get()
+            if got is _DONE:
+                running -= 1
+            elif isinstance(got, BaseException):
+                raise got
+            else:
+                yield got[0]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
 
 
 def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSummary], *, concurrency: int = 4,
@@ -403,28 +449,29 @@ def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSumma
         result = ev(item)
         return item.summary, (checked(result) if result is not None else None)
 
+    def items() -> Iterator[EvalRun]:
+        for lo in range(0, len(todo), CHUNK):
+            chunk = _Chunk(tapes, todo[lo: lo + CHUNK])
+            yield from (EvalRun(s, chunk) for s in chunk.summaries)
+
     try:
-        with ThreadPoolExecutor(max_workers=max(1, int(concurrency))) as pool:
-            for lo in range(0, len(todo), CHUNK):
-                chunk = _Chunk(tapes, todo[lo: lo + CHUNK])
-                failed = 0
-                for summary, result in pool.map(one, [EvalRun(s, chunk) for s in chunk.summaries]):
-                    if result is None:
-                        out.not_applicable += 1
-                        continue
-                    recorder.add(summary, result)
-                    if result.error_type:
-                        out.errors += 1
-                        failed += 1
-                        out.error_types[result.error_type] = out.error_types.get(result.error_type, 0) + 1
-                        if len(out.failed) < MAX_FAILED_LISTED:
-                            out.failed.append({"ref": summary.ref, "error_type": result.error_type,
-                                               "explanation": result.explanation})
-                    else:
-                        out.evaluated += 1
-                        if result.label is not None:
-                            out.labels[result.label] = out.labels.get(result.label, 0) + 1
-                bar.tick(len(chunk.summaries), failed)
+        for summary, result in bounded_map(one, items(), concurrency):
+            if result is None:
+                out.not_applicable += 1
+                bar.tick(1, 0)
+                continue
+            recorder.add(summary, result)
+            if result.error_type:
+                out.errors += 1
+                out.error_types[result.error_type] = out.error_types.get(result.error_type, 0) + 1
+                if len(out.failed) < MAX_FAILED_LISTED:
+                    out.failed.append({"ref": summary.ref, "error_type": result.error_type,
+                                       "explanation": result.explanation})
+            else:
+                out.evaluated += 1
+                if result.label is not None:
+                    out.labels[result.label] = out.labels.get(result.label, 0) + 1
+            bar.tick(1, 1 if result.error_type else 0)
     finally:
         recorder.flush()
         bar.close()
