@@ -163,6 +163,8 @@ def _print(summary: Any, out: TextIO) -> None:
         out.write("  labels: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.labels.items())) + "\n")
     for f in summary.failed:
         out.write(f"  error {f['ref']}: {f['error_type']}" + (f": {f['explanation']}" if f["explanation"] else "") + "\n")
+    if summary.readable is False:
+        out.write("  note: the scores were delivered but not all are readable in the store yet\n")
     if summary.errors > len(summary.failed):
         out.write(f"  ... {summary.errors - len(summary.failed)} more errors\n")
 

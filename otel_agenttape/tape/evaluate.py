@@ -346,12 +346,14 @@ class EvalSummary:
     labels: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     failed: list[dict[str, Any]] = field(default_factory=list)  # the first errors: ref, error_type, explanation
+    readable: bool | None = None  # every score read back from the store (None: not waited for, a tape was given)
+    scored: set[str] = field(default_factory=set, repr=False)  # refs this evaluator has scored, these included
 
     def to_json(self) -> dict[str, Any]:
         return {"evaluator": self.evaluator, "selected": self.selected, "evaluated": self.evaluated,
                 "skipped": self.skipped, "not_applicable": self.not_applicable, "errors": self.errors,
                 "error_types": self.error_types, "labels": self.labels, "seconds": round(self.seconds, 3),
-                "failed": self.failed}
+                "failed": self.failed, "readable": self.readable}
 
 
 class Progress:
@@ -442,6 +444,7 @@ def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSumma
     done = set() if rescore else already_scored(tapes, ev)
     todo = [r for r in listed if r.ref not in done]
     out.skipped = len(listed) - len(todo)
+    out.scored = set(done)
     bar = Progress(ev.source, len(todo), progress)
     recorder = Recorder(tape, ev)
 
@@ -469,6 +472,7 @@ def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSumma
                                        "explanation": result.explanation})
             else:
                 out.evaluated += 1
+                out.scored.add(summary.ref)
                 if result.label is not None:
                     out.labels[result.label] = out.labels.get(result.label, 0) + 1
             bar.tick(1, 1 if result.error_type else 0)
@@ -505,16 +509,34 @@ def evaluate(tapes: Any, evaluator: Any, *, tape: Any = None, endpoint: str | No
             tape = otel_agenttape.setup(endpoint=endpoint, protocol="http/protobuf", service_name=EVAL_SERVICE,
                                         headers=headers)
         try:
-            return run_evaluation(tapes, ev, tape, chosen, concurrency=concurrency, progress=progress,
-                                  rescore=rescore)
+            summary = run_evaluation(tapes, ev, tape, chosen, concurrency=concurrency, progress=progress,
+                                     rescore=rescore)
+            tape.force_flush()
+            if own:
+                tape.wait_delivered(30)
+                # a receiver acknowledges before the rows are queryable: wait, so that a rerun finds them
+                summary.readable = wait_readable(tapes, ev, len(summary.scored))
+            return summary
         finally:
             if own:
-                tape.force_flush()
-                tape.wait_delivered(30)
                 tape.shutdown()
     finally:
         if opened:
             tapes.close()
+
+
+def wait_readable(tapes: Any, ev: Evaluator, count: int, timeout: float = 30.0) -> bool:
+    """Poll until the store holds scores of ``count`` runs from ``ev`` (export and storing are
+    asynchronous); False when they are not all readable within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        n = tapes.reader.query("SELECT count(DISTINCT run_ref) AS n FROM scores WHERE source = ? AND name = ? "
+                               "AND error_type IS NULL", [ev.source, ev.name]).column("n")[0].as_py()
+        if n >= count:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def _endpoint_of(tapes: Any, endpoint: str | None, token: str | None) -> tuple[str, str | None]:
