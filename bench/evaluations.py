@@ -39,28 +39,22 @@ def p95(times: list[float]) -> float:
 
 
 def evaluate_stored(db: str, ev, runs: int) -> tuple[float, object, float]:
-    """(seconds until every score is stored, the summary, seconds of a rerun that must add nothing)."""
+    """(seconds until every score is stored, the summary, seconds of a rerun that must add nothing): what
+    ``agenttape eval`` does on a file no receiver holds (select the runs, start a receiver on the file,
+    evaluate, record, wait until stored)."""
     import otel_agenttape
-    from otel_agenttape.receiver.server import TapeServer
-    from otel_agenttape.tape.read import Tapes
+    from otel_agenttape.commands.eval import evaluate_store
 
-    server = TapeServer(db, host="127.0.0.1", http_port=0, grpc_port=0, grpc_enabled=False, span_metrics=False)
-    server.start()
-    try:
-        tapes = Tapes(server.store.reader())
-        start = time.perf_counter()
-        summary = otel_agenttape.evaluate(tapes, ev, endpoint=server.url, limit=runs)
-        assert server.wait_idle(600), "the receiver did not store every score"
-        seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        again = otel_agenttape.evaluate(tapes, ev, endpoint=server.url, limit=runs)
-        rerun = time.perf_counter() - start
-        assert (again.evaluated, again.skipped) == (0, summary.evaluated), again.to_json()
+    start = time.perf_counter()
+    summary = evaluate_store(db, ev, limit=runs)
+    seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    again = evaluate_store(db, ev, limit=runs)
+    rerun = time.perf_counter() - start
+    assert (again.evaluated, again.skipped) == (0, summary.evaluated), again.to_json()
+    with otel_agenttape.open(db) as tapes:
         stored = tapes.sql("SELECT count(*) AS n FROM scores WHERE source = ?", [ev.source]).to_pylist()[0]["n"]
-        assert stored == summary.evaluated, (stored, summary.to_json())
-        tapes.close()
-    finally:
-        server.stop()
+    assert stored == summary.evaluated, (stored, summary.to_json())
     return seconds, summary, rerun
 
 

@@ -9,12 +9,11 @@ sealed and stored like any tape.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from otel_agenttape.commands.errors import EXIT_FAILED, EXIT_OK, CliError, reported
@@ -111,48 +110,45 @@ def build(args: argparse.Namespace) -> Any:
         raise CliError(str(exc)) from None
 
 
-@contextlib.contextmanager
-def writable(args: argparse.Namespace) -> Iterator[tuple[Any, str, str | None]]:
-    """(``Tapes`` to read, the OTLP/HTTP endpoint scores go to, its token): ``--endpoint``; else the
-    receiver serving ``--db``; else a receiver started on ``--db`` until the scores are stored."""
+def evaluate_store(store: Any, ev: Any, *, prices: str | None = None, endpoint: str | None = None,
+                   refs: Sequence[str] = (), limit: int | None = None, **options: Any) -> Any:
+    """``tape.evaluate`` on what a command reads (``source_of``), the scores sent to ``endpoint``; else to
+    the receiver serving a DuckDB file; else to a receiver started on the file until they are stored.
+    ``options``: the run filters and ``evaluate``'s ``concurrency``, ``rescore``, ``progress``."""
     from otel_agenttape.sources import open as open_tapes
+    from otel_agenttape.tape.evaluate import evaluate, select_runs
 
-    source = source_of(args)
-    db = getattr(args, "db", None)
-    plain_db = isinstance(source, str) and source == db and not source.startswith(("http://", "https://"))
-    if args.endpoint or not plain_db:
-        tapes = with_prices(open_tapes(source), getattr(args, "prices", None))
-        try:
-            yield tapes, args.endpoint, None
-        finally:
-            tapes.close()
-        return
-    from otel_agenttape.receiver.server import TapeServer, read_discovery
+    is_file = (isinstance(store, str) and "://" not in store and not os.path.isdir(store)
+               and not store.endswith(".serve.json"))  # a DuckDB file (a lake, a URL or OTLP files are not)
+    served = None
+    if is_file and not endpoint:
+        from otel_agenttape.receiver.server import read_discovery
+
+        served = read_discovery(store)
+    if endpoint or not is_file or served is not None:
+        with with_prices(open_tapes(store), prices) as tapes:
+            return evaluate(tapes, ev, endpoint=endpoint or (served or {}).get("url"),
+                            token=(served or {}).get("token"), refs=refs, limit=limit, **options)
+    if not os.path.exists(store):
+        raise CliError(f"no tape store at {store} (run `agenttape serve --db {store}` or `agenttape demo`)")
+    filters = {k: options.pop(k) for k in list(options) if k not in ("concurrency", "rescore", "progress")}
+    # the runs are selected on a read-only connection before the receiver holds the file: the writer's
+    # connection reads the runs view several times slower (one thread and a memory limit, for ingest)
+    with open_tapes(store) as tapes:
+        chosen = select_runs(tapes, refs=refs, limit=limit, **filters)
+    from otel_agenttape.receiver.server import TapeServer
     from otel_agenttape.tape.read import Tapes
 
-    served = read_discovery(db)
-    if served is not None:
-        tapes = with_prices(open_tapes(db), getattr(args, "prices", None))
-        try:
-            yield tapes, str(served["url"]), served.get("token")
-        finally:
-            tapes.close()
-        return
-    if not os.path.exists(db):
-        raise CliError(f"no tape store at {db} (run `agenttape serve --db {db}` or `agenttape demo`)")
-    server = TapeServer(db, host="127.0.0.1", http_port=0, grpc_port=0, grpc_enabled=False, ingest_workers=0,
-                        span_metrics=False)
+    server = TapeServer(store, host="127.0.0.1", http_port=0, grpc_port=0, grpc_enabled=False, span_metrics=False)
     server.start()
     try:
-        tapes = with_prices(Tapes(server.store.reader()), getattr(args, "prices", None))
-        try:
-            yield tapes, server.url, None
-        finally:
-            tapes.close()
+        with with_prices(Tapes(server.store.reader()), prices) as tapes:
+            summary = evaluate(tapes, ev, endpoint=server.url, runs=chosen, **options)
         if not server.wait_idle(60):
             raise CliError("the receiver did not store every score within 60 s")
     finally:
         server.stop()
+    return summary
 
 
 def _print(summary: Any, out: TextIO) -> None:
@@ -171,17 +167,15 @@ def _print(summary: Any, out: TextIO) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Evaluate the selected runs; exit 1 when an evaluation failed (its error.type is recorded)."""
-    from otel_agenttape.tape.evaluate import evaluate
-
     ev = build(args)
     filters = {"agent": args.agent, "status": args.status, "source": args.source, "session": args.session,
                "model": args.model, "tool": args.tool, "since": args.since, "until": args.until}
     from otel_agenttape.tape.refs import AmbiguousRunError, RunNotFound
 
     with reported(*store_errors(), RunNotFound, AmbiguousRunError, TypeError):
-        with writable(args) as (tapes, endpoint, token):
-            summary = evaluate(tapes, ev, endpoint=endpoint, token=token, refs=args.run or (), limit=args.limit,
-                               concurrency=args.concurrency, rescore=args.rescore, **filters)
+        summary = evaluate_store(source_of(args), ev, prices=args.prices, endpoint=args.endpoint,
+                                 refs=args.run or (), limit=args.limit, concurrency=args.concurrency,
+                                 rescore=args.rescore, **filters)
     if args.json:
         sys.stdout.write(json.dumps(summary.to_json(), ensure_ascii=False) + "\n")
     else:

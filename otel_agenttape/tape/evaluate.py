@@ -290,9 +290,17 @@ class Recorder:
         self._since = 0.0
         self.spans = 0
 
-    def add(self, summary: RunSummary, result: Result) -> None:
-        attrs = score_attributes(self.ev.name, result.value, result.label, result.explanation, source=self.ev.source,
-                                 error_type=result.error_type)
+    def attributes(self, result: Result) -> tuple[Result, dict[str, Any]]:
+        """The event's attributes for ``result``; a result that is not a score becomes ``invalid_result``."""
+        try:
+            return result, score_attributes(self.ev.name, result.value, result.label, result.explanation,
+                                            source=self.ev.source, error_type=result.error_type)
+        except ScoreError as exc:
+            bad = Result(error_type=ERROR_INVALID_RESULT, explanation=str(exc).removeprefix(f"{self.ev.name}: "))
+            return bad, score_attributes(self.ev.name, None, None, bad.explanation, source=self.ev.source,
+                                         error_type=bad.error_type)
+
+    def add(self, summary: RunSummary, attrs: dict[str, Any]) -> None:
         attrs[sc.SCORE_OF] = summary.ref
         attrs[sc.SCORE_TRACE_ID] = summary.trace_id
         if summary.span_id:
@@ -317,15 +325,6 @@ class Recorder:
         finally:
             span.end()
         self.spans += 1
-
-
-def checked(result: Result) -> Result:
-    """A result ``score_attributes`` takes, else an ``invalid_result`` error saying why."""
-    try:
-        score_attributes("check", result.value, result.label, result.explanation, error_type=result.error_type)
-    except ScoreError as exc:
-        return Result(error_type=ERROR_INVALID_RESULT, explanation=str(exc).removeprefix("check: "))
-    return result
 
 
 # --- the run over many runs ---------------------------------------------------------------------------
@@ -448,9 +447,11 @@ def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSumma
     bar = Progress(ev.source, len(todo), progress)
     recorder = Recorder(tape, ev)
 
-    def one(item: EvalRun) -> tuple[RunSummary, Result | None]:
+    def one(item: EvalRun) -> tuple[RunSummary, Result | None, dict[str, Any] | None]:
         result = ev(item)
-        return item.summary, (checked(result) if result is not None else None)
+        if result is None:
+            return item.summary, None, None
+        return (item.summary, *recorder.attributes(result))
 
     def items() -> Iterator[EvalRun]:
         for lo in range(0, len(todo), CHUNK):
@@ -458,12 +459,12 @@ def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSumma
             yield from (EvalRun(s, chunk) for s in chunk.summaries)
 
     try:
-        for summary, result in bounded_map(one, items(), concurrency):
-            if result is None:
+        for summary, result, attrs in bounded_map(one, items(), concurrency):
+            if result is None or attrs is None:
                 out.not_applicable += 1
                 bar.tick(1, 0)
                 continue
-            recorder.add(summary, result)
+            recorder.add(summary, attrs)
             if result.error_type:
                 out.errors += 1
                 out.error_types[result.error_type] = out.error_types.get(result.error_type, 0) + 1
@@ -486,14 +487,15 @@ def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSumma
 def evaluate(tapes: Any, evaluator: Any, *, tape: Any = None, endpoint: str | None = None,
              token: str | None = None, refs: Sequence[str] = (), limit: int | None = None, concurrency: int = 4,
              progress: IO[str] | None = None, rescore: bool = False, name: str | None = None,
-             version: str | None = None, **filters: Any) -> EvalSummary:
+             version: str | None = None, runs: Sequence[RunSummary] | None = None, **filters: Any) -> EvalSummary:
     """Evaluate the runs of ``tapes`` (a ``Tapes``, or a source ``otel_agenttape.open`` takes) that ``refs``
     or the run filters select (``Tapes.runs``' keywords) with ``evaluator`` (an ``Evaluator`` or a plain
     function of a run), recording each result as a score through ``tape`` (a capture ``Tape``), else
     through a tape of this call exporting over OTLP/HTTP to ``endpoint``, by default the receiver the store
     is read through (``agenttape serve``), flushed and shut down before returning. Runs this evaluator's
     ``NAME@VERSION`` already scored are skipped (``rescore``: score them again). ``progress``: where the
-    progress line goes (default stderr when it is a terminal)."""
+    progress line goes (default stderr when it is a terminal). ``runs``: summaries selected already
+    (``select_runs``), instead of ``refs`` and the filters."""
     import otel_agenttape
 
     ev = as_evaluator(evaluator, name, version)
@@ -502,7 +504,7 @@ def evaluate(tapes: Any, evaluator: Any, *, tape: Any = None, endpoint: str | No
         tapes = otel_agenttape.open(tapes)
     own = tape is None
     try:
-        chosen = select_runs(tapes, refs=refs, limit=limit, **filters)
+        chosen = list(runs) if runs is not None else select_runs(tapes, refs=refs, limit=limit, **filters)
         if own:
             endpoint, token = _endpoint_of(tapes, endpoint, token)
             headers = {"Authorization": f"Bearer {token}"} if token else None
