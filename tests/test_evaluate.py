@@ -19,7 +19,8 @@ from tape_agents import start_server
 import otel_agenttape
 from otel_agenttape import cli
 from otel_agenttape.commands.eval import BUILTIN_NAMES
-from otel_agenttape.tape.evaluate import EvaluationError, as_result
+from otel_agenttape.tape.evaluate import EvaluationError, as_result, by_evaluator
+from otel_agenttape.tape.read import Tapes
 from otel_agenttape.tape.evaluators import BUILTINS
 from otel_agenttape.tape.judge import parse_verdict
 
@@ -89,9 +90,12 @@ def _eval(env, evaluator, **kw):
     return summary
 
 
-def _scores(env, source):
-    rows = env["server"].query("SELECT run_ref, name, value, label, explanation, error_type, source FROM scores "
-                               "WHERE source = ? ORDER BY run_ref", [source]).to_pylist()
+def _scores(env, ev):
+    """The evaluator's rows of the ``scores`` view, failed evaluations too, by run id."""
+    tapes = Tapes(env["server"].store.reader())
+    where, params = by_evaluator(tapes, ev, errors=True)
+    rows = tapes.sql(f"SELECT run_ref, name, value, label, explanation, error_type, source FROM scores "
+                     f"WHERE {where} ORDER BY run_ref", params).to_pylist()
     return {r["run_ref"].partition("@")[0]: r for r in rows}
 
 
@@ -113,20 +117,21 @@ def test_each_builtin_scores_every_run_and_a_rerun_adds_nothing(env, name, optio
     ev = _builtin(name, **options)
     first = _eval(env, ev)
     assert (first.selected, first.evaluated, first.skipped, first.errors) == (3, 3, 0, 0)
-    got = _scores(env, ev.source)
+    got = _scores(env, ev)
     assert {k: r["label"] for k, r in got.items()} == labels
     assert all(r["name"] == name for r in got.values())
     if values:
         assert {k: r["value"] for k, r in got.items()} == pytest.approx(values)
     again = _eval(env, ev)
     assert (again.evaluated, again.skipped) == (0, 3)
-    assert len(env["server"].query("SELECT 1 FROM scores WHERE source = ?", [ev.source])) == 3
+    assert len(_scores(env, ev)) == 3 and len(env["server"].query(
+        "SELECT 1 FROM scores WHERE name = ?", [name])) == 3
 
 
 def test_latency_values_are_the_durations(env):
     ev = _builtin("latency_budget", budget_ms=100_000)
     _eval(env, ev)
-    got = _scores(env, ev.source)
+    got = _scores(env, ev)
     assert got["run-slow"]["value"] >= 250 > got["run-json"]["value"]
 
 
@@ -137,7 +142,7 @@ def test_exact_match_against_a_reference_file_skips_inputs_it_lacks(env):
     ev = _builtin("exact_match", reference=str(ref))
     summary = _eval(env, ev)
     assert (summary.evaluated, summary.not_applicable) == (2, 1)
-    got = _scores(env, ev.source)
+    got = _scores(env, ev)
     assert {k: r["label"] for k, r in got.items()} == {"run-json": "pass", "run-prose": "fail"}
     assert "Lyon" in got["run-prose"]["explanation"]
     bad = env["root"] / "bad.jsonl"
@@ -150,7 +155,7 @@ def test_cost_budget_prices_each_run_and_an_unknown_cost_is_an_error_not_a_score
     ev = _builtin("cost_budget", budget_usd=0.01)
     summary = _eval(env, ev)
     assert (summary.evaluated, summary.errors, summary.error_types) == (2, 1, {"cost_unknown": 1})
-    got = _scores(env, ev.source)
+    got = _scores(env, ev)
     assert got["run-json"]["value"] == pytest.approx(OPENAI_USD) and got["run-json"]["label"] == "pass"
     assert got["run-prose"]["value"] == pytest.approx(2 * OPENAI_USD) and got["run-prose"]["label"] == "fail"
     slow = got["run-slow"]
@@ -183,7 +188,7 @@ def test_a_custom_function_with_a_name_and_version_its_failures_and_bounded_conc
     assert (summary.evaluator, summary.evaluated, summary.errors) == ("short_answer@2", 2, 1)
     assert summary.error_types == {"KeyError": 1} and summary.failed[0]["ref"].startswith("run-slow@")
     assert "3/3" in bar.getvalue() and "\r" in bar.getvalue()
-    got = _scores(env, "short_answer@2")
+    got = _scores(env, short)
     assert got["run-json"]["value"] == len(JSON_OUT) and got["run-json"]["label"] == "short"
     assert got["run-slow"]["error_type"] == "KeyError" and got["run-slow"]["value"] is None
     # another version of it is another evaluator: every run again
@@ -199,7 +204,7 @@ def test_the_llm_judge_records_good_answers_and_errors_for_garbage_and_timeouts(
     summary = _eval(env, ev, concurrency=3)
     assert (summary.evaluated, summary.errors) == (1, 2), summary.failed
     assert summary.error_types == {"invalid_output": 1, "timeout": 1}
-    got = _scores(env, ev.source)
+    got = _scores(env, ev)
     assert (got["run-json"]["value"], got["run-json"]["label"], got["run-json"]["error_type"]) == (0.9, "correct", None)
     for ref, kind in (("run-prose", "invalid_output"), ("run-slow", "timeout")):
         assert (got[ref]["value"], got[ref]["label"], got[ref]["error_type"]) == (None, None, kind)

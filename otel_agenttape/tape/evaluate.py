@@ -236,14 +236,27 @@ def message_text(message: Any) -> str:
 # --- which runs, which are done -----------------------------------------------------------------------
 
 
-def already_scored(tapes: Any, ev: Evaluator, refs: Sequence[str] | None = None) -> set[str]:
+def by_evaluator(tapes: Any, ev: Evaluator, *, errors: bool = False) -> tuple[str, list[Any]]:
+    """SQL over the ``scores`` view: the rows this evaluator gave (without ``errors``: only scores, not
+    failed evaluations), and its parameters. A score's source is
+    ``NAME@VERSION`` as recorded; a view with a ``version`` column splits it into source NAME and
+    version VERSION, and both forms are matched. The one place that reads the ``scores`` view directly,
+    until ``Tapes.scores`` is there to ask."""
+    where = "name = ? AND " + ("" if errors else "error_type IS NULL AND ") + "run_ref IS NOT NULL AND (source = ?"
+    params: list[Any] = [ev.name, ev.source]
+    columns = tapes.reader.query("SELECT * FROM scores LIMIT 0").column_names
+    if "version" in columns:
+        where += " OR (source = ? AND version = ?)"
+        params += [ev.name, ev.version]
+    return where + ")", params
+
+
+def already_scored(tapes: Any, ev: Evaluator) -> set[str]:
     """The run refs this evaluator (name and version) has scored, read from the ``scores`` view. Failed
     evaluations (``error_type``) do not count: a rerun tries them again."""
-    rows = tapes.reader.query(
-        "SELECT DISTINCT run_ref FROM scores WHERE source = ? AND name = ? AND error_type IS NULL "
-        "AND run_ref IS NOT NULL", [ev.source, ev.name]).column("run_ref").to_pylist()
-    done = set(rows)
-    return done if refs is None else done & set(refs)
+    where, params = by_evaluator(tapes, ev)
+    return set(tapes.reader.query(f"SELECT DISTINCT run_ref FROM scores WHERE {where}", params)
+               .column("run_ref").to_pylist())
 
 
 def select_runs(tapes: Any, *, refs: Sequence[str] = (), limit: int | None = None, **filters: Any) -> list[RunSummary]:
@@ -531,9 +544,10 @@ def wait_readable(tapes: Any, ev: Evaluator, count: int, timeout: float = 30.0) 
     """Poll until the store holds scores of ``count`` runs from ``ev`` (export and storing are
     asynchronous); False when they are not all readable within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
+    where, params = by_evaluator(tapes, ev)
     while True:
-        n = tapes.reader.query("SELECT count(DISTINCT run_ref) AS n FROM scores WHERE source = ? AND name = ? "
-                               "AND error_type IS NULL", [ev.source, ev.name]).column("n")[0].as_py()
+        n = tapes.reader.query(f"SELECT count(DISTINCT run_ref) AS n FROM scores WHERE {where}",
+                               params).column("n")[0].as_py()
         if n >= count:
             return True
         if time.monotonic() > deadline:
