@@ -115,7 +115,8 @@ def main() -> int:
     page_ms, bare_ms = p95(with_cost), p95(without)
     overhead = page_ms / bare_ms
     print(f"runs page (limit 50) over {total} runs: p95 {page_ms:.1f} ms with cost (target 100), "
-          f"{bare_ms:.1f} ms without; medians {statistics.median(with_cost):.1f} / {statistics.median(without):.1f} ms; "
+          f"{bare_ms:.1f} ms without; medians {statistics.median(with_cost):.1f} / "
+          f"{statistics.median(without):.1f} ms; "
           f"overhead {overhead:.2f} (target 1.10)", flush=True)
     print(f"evaluations eval_runs_per_s={rate:.0f} runs_page_ms={page_ms:.1f} cost_overhead={overhead:.2f}")
     return 0

@@ -137,8 +137,9 @@ def test_latency_values_are_the_durations(env):
 
 def test_exact_match_against_a_reference_file_skips_inputs_it_lacks(env):
     ref = env["root"] / "reference.jsonl"
-    ref.write_text(json.dumps({"input": "What is 2+2?", "expected": JSON_OUT}) + "\n\n"
-                   + json.dumps({"input": [{"role": "user", "content": "Capital of France?"}], "expected": "Lyon"}) + "\n")
+    lines = [{"input": "What is 2+2?", "expected": JSON_OUT}, {},
+             {"input": [{"role": "user", "content": "Capital of France?"}], "expected": "Lyon"}]
+    ref.write_text("\n".join(json.dumps(line) if line else "" for line in lines) + "\n")
     ev = _builtin("exact_match", reference=str(ref))
     summary = _eval(env, ev)
     assert (summary.evaluated, summary.not_applicable) == (2, 1)
@@ -265,6 +266,8 @@ def test_cli_custom_module_function_on_the_served_store(env, tmp_path, monkeypat
     assert code == 2 and "myevals has no nothing" in out.err
     code, out = _cli("eval", "regex", "--db", env["db"], capsys=capsys)
     assert code == 2 and "regex: give --pattern RE" in out.err
+    code, out = _cli("eval", "json_valid", "--lake", str(tmp_path), capsys=capsys)
+    assert code == 2 and "need --endpoint URL" in out.err
 
 
 def test_cli_on_a_store_no_receiver_holds_starts_one_and_the_score_tapes_verify(tmp_path, capsys):

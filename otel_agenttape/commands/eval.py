@@ -63,6 +63,9 @@ def add_parser(sub: Any, source_args: Any) -> None:
     p.add_argument("--endpoint", default=None, metavar="URL",
                    help="OTLP/HTTP receiver the scores go to (default: the one serving --db, else one started "
                         "on --db for the duration)")
+    p.add_argument("--outbox", default=None, metavar="DIR",
+                   help="keep scores the receiver cannot take here and send them later (env AGENTTAPE_OUTBOX; "
+                        "default DB.outbox when this command starts the receiver)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     source_args(p)
     p.set_defaults(func=run)
@@ -111,7 +114,8 @@ def build(args: argparse.Namespace) -> Any:
 
 
 def evaluate_store(store: Any, ev: Any, *, prices: str | None = None, endpoint: str | None = None,
-                   refs: Sequence[str] = (), limit: int | None = None, **options: Any) -> Any:
+                   outbox: str | None = None, refs: Sequence[str] = (), limit: int | None = None,
+                   **options: Any) -> Any:
     """``tape.evaluate`` on what a command reads (``source_of``), the scores sent to ``endpoint``; else to
     the receiver serving a DuckDB file; else to a receiver started on the file until they are stored.
     ``options``: the run filters and ``evaluate``'s ``concurrency``, ``rescore``, ``progress``."""
@@ -125,10 +129,14 @@ def evaluate_store(store: Any, ev: Any, *, prices: str | None = None, endpoint: 
         from otel_agenttape.receiver.server import read_discovery
 
         served = read_discovery(store)
-    if endpoint or not is_file or served is not None:
+    is_url = isinstance(store, str) and store.startswith(("http://", "https://"))  # a receiver: scores go back to it
+    if not (endpoint or is_file or is_url):
+        raise CliError("the scores of runs read from a lake or OTLP files need --endpoint URL "
+                       "(the OTLP/HTTP receiver they are sent to)")
+    if endpoint or is_url or served is not None:
         with with_prices(open_tapes(store), prices) as tapes:
             return evaluate(tapes, ev, endpoint=endpoint or (served or {}).get("url"),
-                            token=(served or {}).get("token"), refs=refs, limit=limit, **options)
+                            token=(served or {}).get("token"), outbox=outbox, refs=refs, limit=limit, **options)
     if not os.path.exists(store):
         raise CliError(f"no tape store at {store} (run `agenttape serve --db {store}` or `agenttape demo`)")
     filters = {k: options.pop(k) for k in list(options) if k not in ("concurrency", "rescore", "progress")}
@@ -143,7 +151,9 @@ def evaluate_store(store: Any, ev: Any, *, prices: str | None = None, endpoint: 
     server.start()
     try:
         with with_prices(Tapes(server.store.reader()), prices) as tapes:
-            summary = evaluate(tapes, ev, endpoint=server.url, runs=chosen, **options)
+            # as the demo does: a score the receiver cannot take now is kept next to the store and re-sent
+            box = outbox or os.environ.get("AGENTTAPE_OUTBOX") or f"{store}.outbox"
+            summary = evaluate(tapes, ev, endpoint=server.url, outbox=box, runs=chosen, **options)
         if not server.wait_idle(60):
             raise CliError("the receiver did not store every score within 60 s")
     finally:
@@ -158,7 +168,8 @@ def _print(summary: Any, out: TextIO) -> None:
     if summary.labels:
         out.write("  labels: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.labels.items())) + "\n")
     for f in summary.failed:
-        out.write(f"  error {f['ref']}: {f['error_type']}" + (f": {f['explanation']}" if f["explanation"] else "") + "\n")
+        why = f": {f['explanation']}" if f["explanation"] else ""
+        out.write(f"  error {f['ref']}: {f['error_type']}{why}\n")
     if summary.readable is False:
         out.write("  note: the scores were delivered but not all are readable in the store yet\n")
     if summary.errors > len(summary.failed):
@@ -174,8 +185,8 @@ def run(args: argparse.Namespace) -> int:
 
     with reported(*store_errors(), RunNotFound, AmbiguousRunError, TypeError):
         summary = evaluate_store(source_of(args), ev, prices=args.prices, endpoint=args.endpoint,
-                                 refs=args.run or (), limit=args.limit, concurrency=args.concurrency,
-                                 rescore=args.rescore, **filters)
+                                 outbox=args.outbox, refs=args.run or (), limit=args.limit,
+                                 concurrency=args.concurrency, rescore=args.rescore, **filters)
     if args.json:
         sys.stdout.write(json.dumps(summary.to_json(), ensure_ascii=False) + "\n")
     else:

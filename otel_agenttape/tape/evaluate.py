@@ -5,9 +5,9 @@ evaluator (name and version) has already scored, calls it on the rest with bound
 each answer as a ``gen_ai.evaluation.result`` event in a score tape of its own, through the same path as
 ``tape.score`` (sealed, exported, outboxed), with the evaluator's ``NAME@VERSION`` as its source (the
 scores of one call share score spans, up to ``Recorder.BATCH`` events each, so a thousand scores are not a
-thousand tapes with a checkpoint each). An
-evaluator that fails (a judge that times out or answers garbage) records ``error.type`` and no value: a
-failed evaluation never makes a score up, and the next run is evaluated all the same.
+thousand tapes with a checkpoint each). An evaluator that fails (a judge that times out or answers
+garbage) records ``error.type`` and no value: a failed evaluation never makes a score up, and the next
+run is evaluated all the same.
 
 Runs are read in chunks: the summaries of all selected runs first, then per chunk, only when an
 evaluator asks, the rebuilt runs (``run.output``, ``run.tools``...) and their cost (``run.cost_usd``).
@@ -113,7 +113,8 @@ def as_result(answer: Any) -> Result | None:
     return Result(error_type=ERROR_INVALID_RESULT, explanation=f"not a score: {type(answer).__name__}")
 
 
-def evaluator(name: str | None = None, version: str = "1", description: str = "") -> Callable[[Callable[[Any], Any]], Evaluator]:
+def evaluator(name: str | None = None, version: str = "1",
+              description: str = "") -> Callable[[Callable[[Any], Any]], Evaluator]:
     """``@evaluator("helpful", version="2")`` over ``def f(run): ...``: the function as an ``Evaluator``."""
 
     def wrap(fn: Callable[[Any], Any]) -> Evaluator:
@@ -123,8 +124,8 @@ def evaluator(name: str | None = None, version: str = "1", description: str = ""
 
 
 def as_evaluator(obj: Any, name: str | None = None, version: str | None = None) -> Evaluator:
-    """An ``Evaluator`` from one, or from a plain function (its ``name``/``version`` attributes when it has
-    them, else its ``__name__`` and version 1)."""
+    """An ``Evaluator`` from one, or from a plain function (its ``evaluator_name`` and ``version``
+    attributes when it has them, else its ``__name__`` and version 1)."""
     if isinstance(obj, Evaluator):
         if name is None and version is None:
             return obj
@@ -498,14 +499,15 @@ def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSumma
 
 
 def evaluate(tapes: Any, evaluator: Any, *, tape: Any = None, endpoint: str | None = None,
-             token: str | None = None, refs: Sequence[str] = (), limit: int | None = None, concurrency: int = 4,
+             token: str | None = None, outbox: str | None = None, refs: Sequence[str] = (), limit: int | None = None, concurrency: int = 4,
              progress: IO[str] | None = None, rescore: bool = False, name: str | None = None,
              version: str | None = None, runs: Sequence[RunSummary] | None = None, **filters: Any) -> EvalSummary:
     """Evaluate the runs of ``tapes`` (a ``Tapes``, or a source ``otel_agenttape.open`` takes) that ``refs``
     or the run filters select (``Tapes.runs``' keywords) with ``evaluator`` (an ``Evaluator`` or a plain
     function of a run), recording each result as a score through ``tape`` (a capture ``Tape``), else
     through a tape of this call exporting over OTLP/HTTP to ``endpoint``, by default the receiver the store
-    is read through (``agenttape serve``), flushed and shut down before returning. Runs this evaluator's
+    is read through (``agenttape serve``), with ``outbox`` (else ``$AGENTTAPE_OUTBOX``) keeping what cannot
+    be delivered for later, flushed and shut down before returning. Runs this evaluator's
     ``NAME@VERSION`` already scored are skipped (``rescore``: score them again). ``progress``: where the
     progress line goes (default stderr when it is a terminal). ``runs``: summaries selected already
     (``select_runs``), instead of ``refs`` and the filters."""
@@ -522,7 +524,7 @@ def evaluate(tapes: Any, evaluator: Any, *, tape: Any = None, endpoint: str | No
             endpoint, token = _endpoint_of(tapes, endpoint, token)
             headers = {"Authorization": f"Bearer {token}"} if token else None
             tape = otel_agenttape.setup(endpoint=endpoint, protocol="http/protobuf", service_name=EVAL_SERVICE,
-                                        headers=headers)
+                                        headers=headers, outbox=outbox)
         try:
             summary = run_evaluation(tapes, ev, tape, chosen, concurrency=concurrency, progress=progress,
                                      rescore=rescore)

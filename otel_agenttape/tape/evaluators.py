@@ -53,7 +53,8 @@ def regex(pattern: str) -> Evaluator:
 
     def check(run: EvalRun) -> Result:
         found = compiled.search(run.output or "")
-        return _verdict(found is not None, f"/{pattern}/ {'matched ' + repr(found.group(0)[:80]) if found else 'not found'}")
+        what = f"matched {found.group(0)[:80]!r}" if found else "not found"
+        return _verdict(found is not None, f"/{pattern}/ {what}")
 
     return Evaluator("regex", check, f"1-{_digest(pattern)}", f"output matches /{pattern}/")
 

@@ -73,7 +73,8 @@ def run_text(run: EvalRun) -> str:
     """What the judge reads of a run: its input messages, the tools it called and its final output."""
     messages = [{"role": m.role, "content": m.content()} for m in run.input]
     tools = [{"name": t.name, "arguments": t.arguments, "result": t.result, "error": t.error} for t in run.run.tools]
-    parts = [f"Agent: {run.agent or 'unknown'}", "Input:\n" + _clip(json.dumps(messages, ensure_ascii=False, default=str))]
+    parts = [f"Agent: {run.agent or 'unknown'}",
+             "Input:\n" + _clip(json.dumps(messages, ensure_ascii=False, default=str))]
     if tools:
         parts.append("Tool calls:\n" + _clip(json.dumps(tools, ensure_ascii=False, default=str)))
     parts.append("Final output:\n" + _clip(run.output or ""))
