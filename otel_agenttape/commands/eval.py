@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -120,7 +121,7 @@ def evaluate_store(store: Any, ev: Any, *, prices: str | None = None, endpoint: 
     the receiver serving a DuckDB file; else to a receiver started on the file until they are stored.
     ``options``: the run filters and ``evaluate``'s ``concurrency``, ``rescore``, ``progress``."""
     from otel_agenttape.sources import open as open_tapes
-    from otel_agenttape.tape.evaluate import evaluate, select_runs
+    from otel_agenttape.tape.evaluate import evaluate
 
     is_file = (isinstance(store, str) and "://" not in store and not os.path.isdir(store)
                and not store.endswith(".serve.json"))  # a DuckDB file (a lake, a URL or OTLP files are not)
@@ -139,25 +140,49 @@ def evaluate_store(store: Any, ev: Any, *, prices: str | None = None, endpoint: 
                             token=(served or {}).get("token"), outbox=outbox, refs=refs, limit=limit, **options)
     if not os.path.exists(store):
         raise CliError(f"no tape store at {store} (run `agenttape serve --db {store}` or `agenttape demo`)")
-    filters = {k: options.pop(k) for k in list(options) if k not in ("concurrency", "rescore", "progress")}
-    # the runs are selected on a read-only connection before the receiver holds the file: the writer's
-    # connection reads the runs view several times slower (one thread and a memory limit, for ingest)
-    with open_tapes(store) as tapes:
-        chosen = select_runs(tapes, refs=refs, limit=limit, **filters)
+    return evaluate_then_record(store, ev, prices=prices, outbox=outbox, refs=refs, limit=limit, **options)
+
+
+def evaluate_then_record(db: str, ev: Any, *, prices: str | None = None, outbox: str | None = None,
+                         refs: Sequence[str] = (), limit: int | None = None, concurrency: int = 4,
+                         rescore: bool = False, progress: Any = None, **filters: Any) -> Any:
+    """A DuckDB file no receiver holds: the runs are selected and evaluated on a read-only connection
+    (a receiver's own connection reads several times slower while it writes: one thread and a memory
+    limit, for ingest), then a receiver is started on the file and the scores are recorded through it,
+    sealed and sent as ``evaluate`` sends them (with the outbox ``DB.outbox``, as the demo), and stored
+    before it stops."""
     from otel_agenttape.receiver.server import TapeServer
+    from otel_agenttape.sources import open as open_tapes
+    from otel_agenttape.tape.evaluate import Recorder, as_evaluator, run_evaluation, score_tape, select_runs, \
+        wait_readable
     from otel_agenttape.tape.read import Tapes
 
-    server = TapeServer(store, host="127.0.0.1", http_port=0, grpc_port=0, grpc_enabled=False, span_metrics=False)
+    ev = as_evaluator(ev)
+    kept = Recorder(None, ev)
+    with with_prices(open_tapes(db), prices) as tapes:
+        chosen = select_runs(tapes, refs=refs, limit=limit, **filters)
+        summary = run_evaluation(tapes, ev, None, chosen, concurrency=concurrency, progress=progress,
+                                 rescore=rescore, recorder=kept)
+    if not kept.kept:
+        summary.readable = True
+        return summary
+    started = time.monotonic()
+    server = TapeServer(db, host="127.0.0.1", http_port=0, grpc_port=0, grpc_enabled=False, span_metrics=False)
     server.start()
     try:
-        with with_prices(Tapes(server.store.reader()), prices) as tapes:
-            # as the demo does: a score the receiver cannot take now is kept next to the store and re-sent
-            box = outbox or os.environ.get("AGENTTAPE_OUTBOX") or f"{store}.outbox"
-            summary = evaluate(tapes, ev, endpoint=server.url, outbox=box, runs=chosen, **options)
+        tape = score_tape(server.url, outbox=outbox or os.environ.get("AGENTTAPE_OUTBOX") or f"{db}.outbox")
+        try:
+            kept.record_kept(tape)
+            tape.force_flush()
+            tape.wait_delivered(30)
+        finally:
+            tape.shutdown()
+        summary.readable = wait_readable(Tapes(server.store.reader()), ev, len(summary.scored))
         if not server.wait_idle(60):
             raise CliError("the receiver did not store every score within 60 s")
     finally:
         server.stop()
+    summary.seconds += time.monotonic() - started
     return summary
 
 

@@ -285,24 +285,38 @@ def select_runs(tapes: Any, *, refs: Sequence[str] = (), limit: int | None = Non
 # --- recording ----------------------------------------------------------------------------------------
 
 
+def _tracer(tape: Any) -> Any:
+    from .. import __version__
+
+    return tape.tracer_provider.get_tracer(sc.SCOPE_NAME, __version__)
+
+
 class Recorder:
     """Scores on their way out: each a ``gen_ai.evaluation.result`` event naming the run it scores (its ref,
     trace and span ids, as ``tape.score`` writes them), carried by an ``agenttape.score`` span of a score
     tape of its own, sealed and exported through ``tape`` like every span. Up to ``BATCH`` scores share a
     span (one tape and one checkpoint for them, not one each); a span leaves at the latest
-    ``FLUSH_SECONDS`` after its first score was given, and at ``flush()``."""
+    ``FLUSH_SECONDS`` after its first score was given, and at ``flush()``. Without a tape the scores are
+    kept until ``record_kept(tape)`` (a store that can be written only once it is no longer read)."""
 
     BATCH = 100
     FLUSH_SECONDS = 2.0
 
     def __init__(self, tape: Any, ev: Evaluator) -> None:
-        from .. import __version__
-
         self.ev = ev
-        self.tracer = tape.tracer_provider.get_tracer(sc.SCOPE_NAME, __version__)
+        self.tracer = _tracer(tape) if tape is not None else None
         self._events: list[tuple[dict[str, Any], int]] = []
+        self.kept: list[tuple[dict[str, Any], int]] = []  # without a tape: every score, in order
         self._since = 0.0
         self.spans = 0
+
+    def record_kept(self, tape: Any) -> None:
+        """Record the scores kept so far through ``tape`` (in spans of ``BATCH``)."""
+        self.tracer = _tracer(tape)
+        kept, self.kept = self.kept, []
+        for lo in range(0, len(kept), self.BATCH):
+            self._events = kept[lo: lo + self.BATCH]
+            self.flush()
 
     def attributes(self, result: Result) -> tuple[Result, dict[str, Any]]:
         """The event's attributes for ``result``; a result that is not a score becomes ``invalid_result``."""
@@ -319,6 +333,9 @@ class Recorder:
         attrs[sc.SCORE_TRACE_ID] = summary.trace_id
         if summary.span_id:
             attrs[sc.SCORE_SPAN_ID] = summary.span_id
+        if self.tracer is None:
+            self.kept.append((attrs, time.time_ns()))
+            return
         if not self._events:
             self._since = time.monotonic()
         self._events.append((attrs, time.time_ns()))
@@ -327,7 +344,7 @@ class Recorder:
 
     def flush(self) -> None:
         events, self._events = self._events, []
-        if not events:
+        if not events or self.tracer is None:
             return
         from opentelemetry.context import Context
 
@@ -449,8 +466,10 @@ def bounded_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: int) ->
 
 
 def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSummary], *, concurrency: int = 4,
-                   progress: IO[str] | None = None, rescore: bool = False) -> EvalSummary:
-    """Evaluate ``runs`` (summaries) with ``ev`` and record each answer through ``tape``."""
+                   progress: IO[str] | None = None, rescore: bool = False,
+                   recorder: Recorder | None = None) -> EvalSummary:
+    """Evaluate ``runs`` (summaries) with ``ev`` and record each answer through ``tape`` (or ``recorder``:
+    a ``Recorder(None, ev)`` keeps them for ``record_kept``)."""
     started = time.monotonic()
     listed = list(runs)
     out = EvalSummary(ev.source, selected=len(listed))
@@ -459,7 +478,7 @@ def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSumma
     out.skipped = len(listed) - len(todo)
     out.scored = set(done)
     bar = Progress(ev.source, len(todo), progress)
-    recorder = Recorder(tape, ev)
+    recorder = recorder if recorder is not None else Recorder(tape, ev)
 
     def one(item: EvalRun) -> tuple[RunSummary, Result | None, dict[str, Any] | None]:
         result = ev(item)
@@ -521,10 +540,7 @@ def evaluate(tapes: Any, evaluator: Any, *, tape: Any = None, endpoint: str | No
     try:
         chosen = list(runs) if runs is not None else select_runs(tapes, refs=refs, limit=limit, **filters)
         if own:
-            endpoint, token = _endpoint_of(tapes, endpoint, token)
-            headers = {"Authorization": f"Bearer {token}"} if token else None
-            tape = otel_agenttape.setup(endpoint=endpoint, protocol="http/protobuf", service_name=EVAL_SERVICE,
-                                        headers=headers, outbox=outbox)
+            tape = score_tape(*_endpoint_of(tapes, endpoint, token), outbox=outbox)
         try:
             summary = run_evaluation(tapes, ev, tape, chosen, concurrency=concurrency, progress=progress,
                                      rescore=rescore)
@@ -540,6 +556,16 @@ def evaluate(tapes: Any, evaluator: Any, *, tape: Any = None, endpoint: str | No
     finally:
         if opened:
             tapes.close()
+
+
+def score_tape(endpoint: str, token: str | None = None, *, outbox: str | None = None) -> Any:
+    """A capture tape that seals scores and sends them over OTLP/HTTP to ``endpoint`` (``outbox``: where
+    what cannot be delivered is kept and sent later)."""
+    import otel_agenttape
+
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    return otel_agenttape.setup(endpoint=endpoint, protocol="http/protobuf", service_name=EVAL_SERVICE,
+                                headers=headers, outbox=outbox)
 
 
 def wait_readable(tapes: Any, ev: Evaluator, count: int, timeout: float = 30.0) -> bool:
