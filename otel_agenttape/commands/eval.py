@@ -153,9 +153,7 @@ def evaluate_then_record(db: str, ev: Any, *, prices: str | None = None, outbox:
     before it stops."""
     from otel_agenttape.receiver.server import TapeServer
     from otel_agenttape.sources import open as open_tapes
-    from otel_agenttape.tape.evaluate import Recorder, as_evaluator, run_evaluation, score_tape, select_runs, \
-        wait_readable
-    from otel_agenttape.tape.read import Tapes
+    from otel_agenttape.tape.evaluate import Recorder, as_evaluator, run_evaluation, score_tape, select_runs
 
     ev = as_evaluator(ev)
     kept = Recorder(None, ev)
@@ -177,8 +175,9 @@ def evaluate_then_record(db: str, ev: Any, *, prices: str | None = None, outbox:
             tape.wait_delivered(30)
         finally:
             tape.shutdown()
-        summary.readable = wait_readable(Tapes(server.store.reader()), ev, len(summary.scored))
-        if not server.wait_idle(60):
+        # what the receiver acknowledged is queryable once it is idle
+        summary.readable = server.wait_idle(60)
+        if not summary.readable:
             raise CliError("the receiver did not store every score within 60 s")
     finally:
         server.stop()
