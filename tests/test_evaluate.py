@@ -268,6 +268,23 @@ def test_cli_custom_module_function_on_the_served_store(env, tmp_path, monkeypat
     assert code == 2 and "regex: give --pattern RE" in out.err
     code, out = _cli("eval", "json_valid", "--lake", str(tmp_path), capsys=capsys)
     assert code == 2 and "need --endpoint URL" in out.err
+    code, out = _cli("eval", "llm_judge", "--judge-model", "judge-2", "--db", env["db"], capsys=capsys)
+    assert code == 2 and "give a rubric file (--rubric FILE)" in out.err
+
+
+def test_cli_llm_judge_flags(env, capsys):
+    rubric = env["root"] / "cli-rubric.md"
+    rubric.write_text(RUBRIC)
+    code, out = _cli("eval", "llm_judge", "--judge-model", "judge-2", "--judge-base-url", env["judge"].base_url,
+                     "--rubric", str(rubric), "--judge-timeout", "0.5", "--agent", "math", "--db", env["db"],
+                     "--json", capsys=capsys)
+    doc = json.loads(out.out)
+    assert code == 0 and (doc["selected"], doc["evaluated"], doc["labels"]) == (1, 1, {"correct": 1})
+    assert doc["evaluator"].startswith("llm_judge@judge-2-")
+    code, out = _cli("eval", "llm_judge", "--judge-model", "judge-2", "--judge-base-url", env["judge"].base_url,
+                     "--rubric", str(rubric), "--judge-timeout", "0.5", "--agent", "geo", "--db", env["db"],
+                     capsys=capsys)
+    assert code == 1 and "1 errors" in out.out and "invalid_output" in out.out
 
 
 def test_cli_on_a_store_no_receiver_holds_starts_one_and_the_score_tapes_verify(tmp_path, capsys):
