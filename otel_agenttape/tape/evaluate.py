@@ -218,7 +218,8 @@ class EvalRun:
 
 
 # ``tools`` is the rebuilt run's (its calls, with arguments, results and errors); ``summary.tools`` names them
-_SUMMARY_FIELDS = frozenset(RunSummary.__dataclass_fields__) - {"cost_usd", "priced_calls", "unpriced_calls", "tools"}
+_SUMMARY_FIELDS = frozenset(RunSummary.__dataclass_fields__) - {"cost_usd", "priced_calls", "unpriced_calls",
+                                                                 "tools"}
 
 
 def message_text(message: Any) -> str:
@@ -239,11 +240,11 @@ def message_text(message: Any) -> str:
 
 def by_evaluator(tapes: Any, ev: Evaluator, *, errors: bool = False) -> tuple[str, list[Any]]:
     """SQL over the ``scores`` view: the rows this evaluator gave (without ``errors``: only scores, not
-    failed evaluations), and its parameters. A score's source is
-    ``NAME@VERSION`` as recorded; a view with a ``version`` column splits it into source NAME and
-    version VERSION, and both forms are matched. The one place that reads the ``scores`` view directly,
-    until ``Tapes.scores`` is there to ask."""
-    where = "name = ? AND " + ("" if errors else "error_type IS NULL AND ") + "run_ref IS NOT NULL AND (source = ?"
+    failed evaluations), and its parameters. A score's source is ``NAME@VERSION`` as recorded; a view
+    with a ``version`` column splits it into source NAME and version VERSION, and both forms are
+    matched. The one place that reads the ``scores`` view directly, until ``Tapes.scores`` is there to ask."""
+    kept = "" if errors else "error_type IS NULL AND "
+    where = f"name = ? AND {kept}run_ref IS NOT NULL AND (source = ?"
     params: list[Any] = [ev.name, ev.source]
     columns = tapes.reader.query("SELECT * FROM scores LIMIT 0").column_names
     if "version" in columns:
@@ -260,7 +261,8 @@ def already_scored(tapes: Any, ev: Evaluator) -> set[str]:
                .column("run_ref").to_pylist())
 
 
-def select_runs(tapes: Any, *, refs: Sequence[str] = (), limit: int | None = None, **filters: Any) -> list[RunSummary]:
+def select_runs(tapes: Any, *, refs: Sequence[str] = (), limit: int | None = None,
+                **filters: Any) -> list[RunSummary]:
     """The runs to evaluate, oldest first: those ``refs`` name, else those the filters select (the
     keywords of ``Tapes.runs``: agent, status, source, session, service, model, tool, since, until, text,
     parent); score tapes and checkpoints are never runs."""
@@ -518,9 +520,10 @@ def run_evaluation(tapes: Any, ev: Evaluator, tape: Any, runs: Iterable[RunSumma
 
 
 def evaluate(tapes: Any, evaluator: Any, *, tape: Any = None, endpoint: str | None = None,
-             token: str | None = None, outbox: str | None = None, refs: Sequence[str] = (), limit: int | None = None, concurrency: int = 4,
-             progress: IO[str] | None = None, rescore: bool = False, name: str | None = None,
-             version: str | None = None, runs: Sequence[RunSummary] | None = None, **filters: Any) -> EvalSummary:
+             token: str | None = None, outbox: str | None = None, refs: Sequence[str] = (),
+             limit: int | None = None, concurrency: int = 4, progress: IO[str] | None = None,
+             rescore: bool = False, name: str | None = None, version: str | None = None,
+             runs: Sequence[RunSummary] | None = None, **filters: Any) -> EvalSummary:
     """Evaluate the runs of ``tapes`` (a ``Tapes``, or a source ``otel_agenttape.open`` takes) that ``refs``
     or the run filters select (``Tapes.runs``' keywords) with ``evaluator`` (an ``Evaluator`` or a plain
     function of a run), recording each result as a score through ``tape`` (a capture ``Tape``), else
