@@ -27,6 +27,10 @@ _READ_EXPORTS = {
     "AmbiguousRunError": "otel_agenttape.tape.refs",
     "experiment": "otel_agenttape.tape.experiment_api",
     "Candidate": "otel_agenttape.tape.experiment",
+    "evaluate": "otel_agenttape.tape.evaluate",
+    "evaluator": "otel_agenttape.tape.evaluate",
+    "Evaluator": "otel_agenttape.tape.evaluate",
+    "EvalResult": "otel_agenttape.tape.evaluate",
 }
 
 __all__ = ["__version__", *_CAPTURE_EXPORTS, *_READ_EXPORTS]

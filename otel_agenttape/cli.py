@@ -222,6 +222,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     _experiment.add_parser(sub, _tape_source_args)
 
+    from otel_agenttape.commands import eval as _eval
+
+    _eval.add_parser(sub, _tape_source_args)
+
     p = sub.add_parser("sql", help="run one read-only SQL query (tables and views: docs/schema.md)")
     p.add_argument("query", metavar="QUERY")
     p.add_argument("--db", default=default_db(), help="DuckDB file or Parquet lake folder (env AGENTTAPE_DB)")
