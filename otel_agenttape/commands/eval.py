@@ -68,7 +68,7 @@ def add_parser(sub: Any, source_args: Any) -> None:
                    help="keep scores the receiver cannot take here and send them later (env AGENTTAPE_OUTBOX; "
                         "default DB.outbox when this command starts the receiver)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    source_args(p)
+    source_args(p, prices=True)
     p.set_defaults(func=run)
 
 

@@ -62,7 +62,7 @@ def add_parser(sub: Any, source_args: Any) -> None:
     q.add_argument("--eval", action="append", default=[], metavar="E", help="a registered evaluator, run on both sides")
     q.add_argument("--fail-if", action="append", default=[], metavar="GATE", help='e.g. "answer_same<0.9"')
     q.add_argument("--json", action="store_true")
-    source_args(q)
+    source_args(q, prices=True)
     q.set_defaults(func=run)
     q = what.add_parser("list", help="experiments in the store")
     q.add_argument("--json", action="store_true")
