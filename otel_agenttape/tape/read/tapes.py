@@ -133,8 +133,27 @@ class Tapes:
 
     def _complete(self, runs: Sequence[RunSummary]) -> None:
         """What a summary carries beyond the ``runs`` view's row: its cost and its scores."""
-        price_summaries(self.reader, runs, self.prices)
+        self._price(runs)
         score_summaries(self.reader, runs)
+
+    def _price(self, runs: Sequence[RunSummary]) -> None:
+        """``price_summaries``, each run priced once per store version (a run's calls change only when
+        the store gains spans; ``use_prices`` forgets them all): a page read again costs no query."""
+        version = store_version(self.reader)
+        if version is None:
+            price_summaries(self.reader, runs, self.prices)
+            return
+        if version != self._memo_version:
+            self._memo, self._memo_version = {}, version
+        known: dict[str, tuple[Any, int, int]] = self._memo.setdefault(("cost of runs",), {})
+        todo = [r for r in runs if r.ref not in known]
+        price_summaries(self.reader, todo, self.prices)
+        keep = store_version(self.reader) == version  # not written to meanwhile
+        for r in runs:
+            if keep and r.ref not in known:
+                known[r.ref] = (r.cost_usd, r.priced_calls, r.unpriced_calls)
+            elif r.ref in known:
+                r.cost_usd, r.priced_calls, r.unpriced_calls = known[r.ref]
 
     def locate(self, ref: str) -> str:
         """The ``RUN_ID@TRACE_ID`` a ref names (``RunNotFound``, ``AmbiguousRunError``)."""
