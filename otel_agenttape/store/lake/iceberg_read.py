@@ -116,9 +116,13 @@ class IcebergLake:
                 src = "read_parquet([" + ", ".join(_q(p) for p in local) + "], union_by_name = true)"
             else:
                 fs, _ = ifl.location_fs(self.tables[table].location())
+                there = set(fs.list("data"))  # one listing per table: a listed file that is gone is read around
+                keys = [p[len("s3://"):] for p in paths]
+                keys = [k for k in keys if k[len(fs.base) + 1:] in there]
+                if not keys:
+                    continue
                 name = f"_ice{n}_{table}"
-                dataset = ds.dataset([p[len("s3://"):] for p in paths], filesystem=fs.fs, format="parquet",
-                                     schema=ic.arrow_schema(table))
+                dataset = ds.dataset(keys, filesystem=fs.fs, format="parquet", schema=ic.arrow_schema(table))
                 con.register(name, dataset)
                 registry[name] = dataset
                 src = name
