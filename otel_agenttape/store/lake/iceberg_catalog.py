@@ -84,6 +84,8 @@ def _warehouse_location(where: str) -> str:
         return where.rstrip("/")
     if where.startswith("file://"):
         where = where[len("file://"):]
+    if where.startswith("//"):
+        where = "/" + where.lstrip("/")
     return "file://" + os.path.abspath(where)
 
 
@@ -106,7 +108,10 @@ def parse_lake_url(url: str) -> LakeUrl:
         path = body[2:] if body.startswith("//") else body
         if not path:
             raise LakeError(f"{url}: give the SQLite catalog file, e.g. iceberg+sql:///var/lib/agenttape/catalog.db")
-        path = os.path.abspath(unquote(path))
+        path = unquote(path)
+        if path.startswith("//"):  # iceberg+sql:////abs/path: one root, not POSIX's distinct "//"
+            path = "/" + path.lstrip("/")
+        path = os.path.abspath(path)
         wh = _warehouse_location(warehouse or os.path.join(os.path.dirname(path), "warehouse"))
         props.update({"uri": f"sqlite:///{path}", "warehouse": wh, "init_catalog_tables": "true"})
         return LakeUrl(url, "sql", props, namespace, wh, sqlite_path=path)
