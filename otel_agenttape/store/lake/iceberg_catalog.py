@@ -135,18 +135,25 @@ def parse_lake_url(url: str) -> LakeUrl:
     return LakeUrl(url, "rest", props, namespace, warehouse)
 
 
-def load(url: str | LakeUrl) -> tuple[Any, LakeUrl]:
-    """The pyiceberg catalog a lake URL names (created on first use for a SQL catalog)."""
+def load(url: str | LakeUrl, create: bool = True) -> tuple[Any, LakeUrl]:
+    """The pyiceberg catalog a lake URL names (created on first use for a SQL catalog unless ``create`` is
+    False: a reader never creates a catalog, a file or a folder)."""
     from pyiceberg.catalog import load_catalog
 
     parsed = url if isinstance(url, LakeUrl) else parse_lake_url(url)
-    if parsed.sqlite_path:
-        os.makedirs(os.path.dirname(parsed.sqlite_path), exist_ok=True)
-    wh = parsed.warehouse or ""
-    if wh.startswith("file://"):
-        os.makedirs(wh[len("file://"):], exist_ok=True)
+    props = dict(parsed.properties)
+    if not create:
+        if parsed.sqlite_path and not os.path.isfile(parsed.sqlite_path):
+            raise LakeError(f"{parsed.url}: no Iceberg catalog at {parsed.sqlite_path}")
+        props["init_catalog_tables"] = "false"
+    else:
+        if parsed.sqlite_path:
+            os.makedirs(os.path.dirname(parsed.sqlite_path), exist_ok=True)
+        wh = parsed.warehouse or ""
+        if wh.startswith("file://"):
+            os.makedirs(wh[len("file://"):], exist_ok=True)
     try:
-        cat = load_catalog(f"agenttape_{parsed.namespace}", **{"type": parsed.kind, **parsed.properties})
+        cat = load_catalog(f"agenttape_{parsed.namespace}", **{"type": parsed.kind, **props})
     except Exception as exc:  # noqa: BLE001 - pyiceberg and SQLAlchemy raise their own errors
         raise LakeError(f"cannot open the Iceberg catalog {_redact(parsed.url)}: {exc}") from exc
     return cat, parsed
