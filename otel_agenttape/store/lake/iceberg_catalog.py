@@ -240,6 +240,10 @@ TABLE_PROPERTIES = {
     "write.metadata.previous-versions-max": "50",
     "write.metadata.delete-after-commit.enabled": "true",
     "agenttape.format": "agenttape.iceberg/1",
+    # a compaction's rewrite or a retention's delete commits over receivers' concurrent appends: new rows
+    # never conflict with files being replaced (those files must still exist, which pyiceberg checks)
+    "write.update.isolation-level": "snapshot",
+    "write.delete.isolation-level": "snapshot",
 }
 
 

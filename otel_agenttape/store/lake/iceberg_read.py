@@ -177,7 +177,7 @@ class IcebergLake:
         tbl = self.tables.get("spans")
         if tbl is None:
             return []
-        out = []
+        out = list(json.loads((tbl.properties or {}).get("agenttape.retention", "[]")))  # kept past expiry
         for snap in tbl.metadata.snapshots:
             props = ifl.summary_props(snap)
             if "agenttape.retention" in props:
@@ -203,7 +203,7 @@ class IcebergLake:
         """Full path -> sha256 of each file, as the snapshots that added them recorded."""
         tbl = self.tables[table]
         base = tbl.location().rstrip("/")
-        out: dict[str, str] = {}
+        out: dict[str, str] = dict(json.loads((tbl.properties or {}).get(ifl.HASHES, "{}")))  # kept past expiry
         for snap in tbl.metadata.snapshots:
             props = ifl.summary_props(snap)
             for key, digest in json.loads(props.get(ifl.HASHES, "{}")).items():
