@@ -63,12 +63,18 @@ def migrated_keys(tbl: Any, origin: str) -> set[str]:
 
 
 def migrate(source: str, url: str, level: int = pqlake.ZSTD_LEVEL_EXPORT) -> dict[str, Any]:
-    """Copy the live files of the manifest lake ``source`` (folder or ``s3://``) into the Iceberg lake ``url``;
-    resumable and idempotent (a file already migrated is skipped)."""
+    """Copy the live files of the manifest lake ``source`` (folder or ``s3://``; or an exported Parquet
+    folder) into the Iceberg lake ``url``; resumable and idempotent (a file already migrated is skipped)."""
+    from otel_agenttape.store.lake.read import _folder_catalog
+    from otel_agenttape.store.readers import is_lake
+
     lake = lake_fs(source)
     cat = mf.load_catalog(lake)
     if not cat.listed:
-        raise LakeError(f"{source} holds no lake manifest (_manifest/): nothing to migrate")
+        if not (lake.local and is_lake(lake.base)):
+            raise LakeError(f"{source} holds no lake manifest (_manifest/) and is no exported Parquet folder: "
+                            "nothing to migrate")
+        cat = _folder_catalog(lake)  # `agenttape export parquet` or `serve --parquet-dir`: every file is live
     catalog, parsed = ic.load(url)
     tables = ic.ensure_tables(catalog, parsed.namespace)
     origin = lake.uri
