@@ -9,6 +9,9 @@ A lake URL names an Iceberg catalog and a namespace (after ``#``, default ``agen
 - ``iceberg+rest://host:8181/path#ns`` (plain HTTP), ``iceberg+http://...`` or ``iceberg+https://...``: an
   Iceberg REST catalog; ``warehouse`` and the other query parameters are passed on as catalog properties.
 
+``?catalog=NAME`` names the catalog (default ``agenttape_<namespace>``): a SQL catalog keeps it in each row
+(``iceberg_tables.catalog_name``), so another engine's JDBC catalog over the same database must use it.
+
 An S3 warehouse uses the standard AWS variables, as the folder/S3 lake does (``fs.py``).
 
 Each table holds the columns of the store's table in Iceberg's types (no unsigned integers: ``uint32`` is
@@ -55,6 +58,8 @@ class LakeUrl:
     namespace: str
     warehouse: str | None
     sqlite_path: str | None = None
+    # the SQL catalog's ``catalog_name`` (the name another engine's JDBC catalog must be given)
+    catalog: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -102,6 +107,7 @@ def parse_lake_url(url: str) -> LakeUrl:
     body, _, query = body.partition("?")
     params = dict(parse_qsl(query, keep_blank_values=True))
     warehouse = params.pop("warehouse", None)
+    catalog_name = params.pop("catalog", None) or f"agenttape_{namespace}"
     props = {**_aws_properties(), "py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"}
     props.update({k: v for k, v in params.items()})
     if scheme in ("iceberg+sql", "iceberg+sqlite"):
@@ -114,7 +120,7 @@ def parse_lake_url(url: str) -> LakeUrl:
         path = os.path.abspath(path)
         wh = _warehouse_location(warehouse or os.path.join(os.path.dirname(path), "warehouse"))
         props.update({"uri": f"sqlite:///{path}", "warehouse": wh, "init_catalog_tables": "true"})
-        return LakeUrl(url, "sql", props, namespace, wh, sqlite_path=path)
+        return LakeUrl(url, "sql", props, namespace, wh, sqlite_path=path, catalog=catalog_name)
     if scheme in ("iceberg+postgresql", "iceberg+postgres"):
         p = urlparse("postgresql:" + body)
         if not p.netloc:
@@ -124,7 +130,7 @@ def parse_lake_url(url: str) -> LakeUrl:
         wh = _warehouse_location(warehouse)
         props.update({"uri": urlunparse(p._replace(scheme="postgresql+psycopg")), "warehouse": wh,
                       "init_catalog_tables": "true"})
-        return LakeUrl(url, "sql", props, namespace, wh)
+        return LakeUrl(url, "sql", props, namespace, wh, catalog=catalog_name)
     http = "https" if scheme == "iceberg+https" else "http"
     p = urlparse(f"{http}:" + body)
     if not p.netloc:
@@ -132,7 +138,7 @@ def parse_lake_url(url: str) -> LakeUrl:
     props["uri"] = urlunparse(p)
     if warehouse:
         props["warehouse"] = warehouse
-    return LakeUrl(url, "rest", props, namespace, warehouse)
+    return LakeUrl(url, "rest", props, namespace, warehouse, catalog=catalog_name)
 
 
 def load(url: str | LakeUrl, create: bool = True) -> tuple[Any, LakeUrl]:
@@ -153,7 +159,7 @@ def load(url: str | LakeUrl, create: bool = True) -> tuple[Any, LakeUrl]:
         if wh.startswith("file://"):
             os.makedirs(wh[len("file://"):], exist_ok=True)
     try:
-        cat = load_catalog(f"agenttape_{parsed.namespace}", **{"type": parsed.kind, **props})
+        cat = load_catalog(parsed.catalog or f"agenttape_{parsed.namespace}", **{"type": parsed.kind, **props})
     except Exception as exc:  # noqa: BLE001 - pyiceberg and SQLAlchemy raise their own errors
         raise LakeError(f"cannot open the Iceberg catalog {_redact(parsed.url)}: {exc}") from exc
     return cat, parsed

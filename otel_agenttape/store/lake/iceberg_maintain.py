@@ -330,7 +330,7 @@ def status(url: str) -> dict[str, Any]:
         files = _live(tbl)
         out["tables"][table] = {"files": len(files), "rows": sum(int(f.record_count) for f in files),
                                 "bytes": sum(int(f.file_size_in_bytes) for f in files),
-                                "snapshots": len(tbl.metadata.snapshots)}
+                                "snapshots": len(tbl.metadata.snapshots), "metadata": tbl.metadata_location}
         for r, s in ifl.coverage(tbl).items():
             out["receivers"][r] = max(out["receivers"].get(r, 0), s)
     return out
