@@ -69,6 +69,11 @@ def test_a_trace_or_run_lookup_plans_only_the_files_that_can_hold_it(lake: dict[
         every = ice.files["spans"]
         scoped = ice.scoped_files("spans", "trace_id", [trace])
         assert 1 <= len(scoped) < len(every)
+        # the same files pyiceberg's own scan plans for the filter
+        from pyiceberg.expressions import EqualTo
+
+        planned = ice.tables["spans"].scan(row_filter=EqualTo("trace_id", trace)).plan_files()
+        assert sorted(f.file_path for f in scoped) == sorted(t.file.file_path for t in planned)
         bucket = buckets([trace]).to_pylist()[0]
         # the files of other buckets are pruned by partition, the rest by min/max
         assert {f.partition[1] for f in scoped} == {bucket}
@@ -79,6 +84,7 @@ def test_a_trace_or_run_lookup_plans_only_the_files_that_can_hold_it(lake: dict[
         # the run index is not partitioned: its files' min/max of run_id prune it to one batch's file
         assert len(ice.files["run_traces"]) == BATCHES
         assert len(ice.scoped_files("run_traces", "run_id", ["run-05"])) == 1
+        assert len(list(ice.tables["run_traces"].scan(row_filter=EqualTo("run_id", "run-05")).plan_files())) == 1
         # what the read model's lookups read over this reader: those files, no other
         sql = reader.scoped_source("spans", "trace_id", [trace])
         assert {f.file_path[len("file://"):] for f in every if f.file_path[len("file://"):] in sql} == {

@@ -99,7 +99,28 @@ class IcebergLake:
         vals = sorted(set(values))
         f = EqualTo(column, vals[0]) if len(vals) == 1 else In(column, vals)
         here = self.present.get(table)
-        return [x for x in self.plan(table, f) if here is None or x.file_path in here]
+        return [x for x in self._prune(table, f) if here is None or x.file_path in here]
+
+    def _prune(self, table: str, row_filter: Any) -> list[Any]:
+        """pyiceberg's own pruning (partition projection, then min/max metrics) applied to the files planned
+        at open: the same answer as ``plan(table, row_filter)`` without reading the manifests again."""
+        from pyiceberg.expressions.visitors import (
+            _InclusiveMetricsEvaluator,
+            expression_evaluator,
+            inclusive_projection,
+        )
+
+        tbl = self.tables[table]
+        files = self.files.get(table, [])
+        schema, spec = tbl.schema(), tbl.spec()
+        if any(f.spec_id != spec.spec_id for f in files):  # an evolved spec: let pyiceberg plan it
+            return self.plan(table, row_filter)
+        from pyiceberg.schema import Schema
+
+        part_schema = Schema(*spec.partition_type(schema).fields)
+        keep = expression_evaluator(part_schema, inclusive_projection(schema, spec)(row_filter), True)
+        metrics = _InclusiveMetricsEvaluator(schema, row_filter, case_sensitive=True)
+        return [f for f in files if keep(f.partition) and metrics.eval(f)]
 
     def local_roots(self) -> list[str]:
         out = []
