@@ -56,13 +56,14 @@ def _prices_arg(p: argparse.ArgumentParser) -> None:
 
 def _lake_read_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lake", action="append", metavar="LAKE", default=None,
-                   help="read a lake (folder or s3://bucket/prefix) instead of --db; repeat it to read several "
+                   help="read a lake (folder, s3://bucket/prefix or iceberg+... catalog URL) instead of --db; repeat it to read several "
                         "lakes and DuckDB files as one store")
 
 
 def _lake_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lake", default=_env("LAKE"), metavar="DIR|s3://BUCKET/PREFIX",
-                   help="also publish immutable Parquet files and a manifest into this lake (env AGENTTAPE_LAKE)")
+    p.add_argument("--lake", default=_env("LAKE"), metavar="DIR|s3://BUCKET/PREFIX|iceberg+...",
+                   help="also publish immutable Parquet files and a manifest into this lake, or append them to "
+                        "Apache Iceberg tables through a catalog URL (env AGENTTAPE_LAKE)")
     p.add_argument("--receiver-id", default=_env("RECEIVER_ID"), metavar="ID",
                    help="this receiver's name in the lake (env AGENTTAPE_RECEIVER_ID, default the host name)")
     p.add_argument("--lake-interval", type=float, default=None, metavar="SECONDS",
