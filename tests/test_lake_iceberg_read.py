@@ -110,3 +110,10 @@ def test_runs_show_and_replay_read_the_iceberg_lake_as_the_store(lake: dict[str,
         replay = _out(capsys, "replay", ref, "--db", url)
         assert replay == _out(capsys, "replay", ref, "--db", db)
         assert f"output: In {int(ref[4:])} it is" in replay
+
+
+def test_a_reader_of_a_catalog_that_is_not_there_says_so_and_creates_nothing(tmp_path: Any, capsys: Any) -> None:
+    url = f"iceberg+sql://{tmp_path}/nothere/catalog.db#tapes"
+    assert cli_main(["runs", "--lake", url]) == 2
+    assert "no Iceberg catalog at" in capsys.readouterr().err
+    assert not (tmp_path / "nothere").exists()

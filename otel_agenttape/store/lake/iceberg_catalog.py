@@ -291,4 +291,6 @@ def load_tables(cat: Any, namespace: str) -> dict[str, Any]:
             out[table] = cat.load_table(f"{namespace}.{table}")
         except (NoSuchTableError, NoSuchNamespaceError):
             continue
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy's errors: a database that is no Iceberg catalog
+            raise LakeError(f"cannot read the Iceberg table {namespace}.{table}: {str(exc).splitlines()[0]}") from exc
     return out
