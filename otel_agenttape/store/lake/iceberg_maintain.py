@@ -176,6 +176,21 @@ def _maintainable(tbl: Any) -> None:
         ifl.commit(tbl, lambda tx: tx.set_properties(want))
 
 
+def _compaction_orphans(tbl: Any, fs: Any) -> int:
+    """Delete the merged files a compaction that stopped before its commit left: named ``compact-*``, live in
+    no snapshot the table keeps and waiting in no maintenance snapshot's removal list."""
+    base = tbl.location().rstrip("/")
+    known = {f.file_path for f in _live(tbl)}
+    for snap in tbl.metadata.snapshots:
+        known.update(json.loads(ifl.summary_props(snap).get(REMOVED, "[]")))
+        known.update(f"{base}/{k}" for k in json.loads(ifl.summary_props(snap).get(ifl.HASHES, "{}")))
+    gone = 0
+    for key in fs.list("data"):
+        if key.rsplit("/", 1)[-1].startswith("compact-") and f"{base}/{key}" not in known and fs.delete(key):
+            gone += 1
+    return gone
+
+
 def compact(url: str, target_bytes: int = DEFAULT_TARGET_BYTES, grace_seconds: float = DEFAULT_GRACE_SECONDS,
             level: int = pqlake.ZSTD_LEVEL_EXPORT) -> dict[str, Any]:
     """Merge each partition's small files into files of up to ``target_bytes``, one overwrite snapshot per
@@ -188,6 +203,7 @@ def compact(url: str, target_bytes: int = DEFAULT_TARGET_BYTES, grace_seconds: f
     for table, tbl in tables.items():
         _maintainable(tbl)
         fs, _ = ifl.location_fs(tbl.location())
+        out["deleted"] += _compaction_orphans(tbl, fs)
         groups: dict[tuple[Any, ...], list[Any]] = defaultdict(list)
         for f in _live(tbl):
             if int(f.file_size_in_bytes) < target_bytes:
