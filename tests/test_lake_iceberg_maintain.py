@@ -1,5 +1,6 @@
 """Iceberg lake maintenance: `agenttape lake migrate` copies a folder lake into Iceberg tables (run again it
-copies only what is new; a receiver of the old lake cannot publish its store twice), compaction while a
+copies only what is new; a receiver of the old lake then goes on where the migration stopped, publishing
+nothing twice), compaction while a
 receiver publishes keeps every span once and verifiable, expiry keeps what a restarted receiver needs, and
 retention drops old days in one snapshot."""
 
@@ -79,8 +80,15 @@ def test_migrate_a_folder_lake_then_again_with_what_is_new(tmp_path: Any, capsys
         assert len(_ids(url)) == 2 * 80 + 40
         cat, parsed = load(url)
         assert cat.load_table(f"{parsed.namespace}.spans").scan().to_arrow().num_rows == 200  # not only our reader
-        with pytest.raises(ReceiverIdInUse):  # a fresh cursor into the new lake would publish r0's store again
-            IcebergPublisher(stores[0], url, "r0")
+        # the receivers move to the Iceberg lake: each goes on after the batches the migration brought in
+        stores[0].write_traces([_request(10)])
+        for i, s in enumerate(stores):
+            IcebergPublisher(s, url, f"r{i}").publish_all()
+        ids = _ids(url)
+        assert len(ids) == len(set(ids)) == 2 * 80 + 40 + 10
+        # another store under a migrated receiver's id would publish what is not its own: refused
+        with Store(str(tmp_path / "other.duckdb")) as other, pytest.raises(ReceiverIdInUse):
+            IcebergPublisher(other, url, "r1")
     finally:
         for s in stores:
             s.close()

@@ -6,8 +6,9 @@ retention, snapshot expiry.
   the table's spec, and a folder-lake file holds every trace-id bucket of its day. One snapshot per group of
   source files names them (``agenttape.migrated``), so a migration that stops is resumed by running it
   again and one that finished does nothing; it also records the old lake's receiver coverage (a receiver
-  that moves to the Iceberg lake with a fresh cursor is refused, not allowed to publish its store twice) and
-  its retention records (``verify`` keeps telling removed tape ranges from tampering).
+  that then moves to the Iceberg lake takes over its cursor from the old lake, ``IcebergPublisher.
+  adopt_migrated``, and publishes nothing twice) and its retention records (``verify`` keeps telling
+  removed tape ranges from tampering).
 - ``compact(URL)`` merges each partition's small files into one overwrite snapshot (``agenttape.operation =
   compact``, the sha256 of each new file, the paths it replaced). A receiver's append in between is a
   conflict: the table is refreshed and the merge committed again on top of it.
@@ -44,6 +45,7 @@ from otel_agenttape.store.lake.read import scan_sql
 MIGRATED = "agenttape.migrated"
 REMOVED = "agenttape.removed"
 RETENTION = "agenttape.retention"
+MIGRATED_COVERS = "agenttape.migrated-covers"
 MIGRATE_GROUP = 16  # source files per migration snapshot
 
 
@@ -59,6 +61,23 @@ def migrated_keys(tbl: Any, origin: str) -> set[str]:
         if rec and (doc := json.loads(rec)).get("from") == origin:
             out.update(doc["keys"])
     out.update(json.loads(tbl.properties.get(MIGRATED, "{}")).get(origin, []))
+    return out
+
+
+def migrated_origins(tbl: Any) -> dict[str, dict[str, int]]:
+    """Lake URI -> the receiver coverage (receiver -> highest batch) its migration into this table recorded."""
+    out: dict[str, dict[str, int]] = {}
+    for snap in tbl.metadata.snapshots:
+        props = ifl.summary_props(snap)
+        if rec := props.get(MIGRATED):
+            origin = json.loads(rec)["from"]
+            cov = out.setdefault(origin, {})
+            for r, seq in json.loads(props.get(ifl.COVERS, "{}")).items():
+                cov[r] = max(cov.get(r, 0), int(seq))
+    for origin, cov in json.loads(tbl.properties.get(MIGRATED_COVERS, "{}")).items():
+        mine = out.setdefault(origin, {})
+        for r, seq in cov.items():
+            mine[r] = max(mine.get(r, 0), int(seq))
     return out
 
 
@@ -282,7 +301,7 @@ def _expire(tbl: Any, fs: Any, grace_seconds: float) -> tuple[int, int]:
             if path in live:
                 hashes[path] = digest
     keep = {ifl.COVERS: _json(covers), MIGRATED: _json(migrated), RETENTION: _json(retention),
-            ifl.HASHES: _json(hashes)}
+            ifl.HASHES: _json(hashes), MIGRATED_COVERS: _json(migrated_origins(tbl))}
     ifl.commit(tbl, lambda tx: tx.set_properties(keep))
     tbl.refresh()
     ids = [s.snapshot_id for s in old if tbl.snapshot_by_id(s.snapshot_id) is not None]
