@@ -139,6 +139,7 @@ def test_compact_while_publishing_then_expire_and_retain(tmp_path: Any, capsys: 
         assert again.published_files == 0 and _ids(url) == ids
         gone = retain(url, 1, grace_seconds=0)  # the 2023 spans go, today's stay
         assert gone["removed_files"] > 0 and gone["rows"] == 3 * 40
+        assert gone["deleted"] == gone["removed_files"]  # --grace 0: from storage at once
     reader = open_reader([url])
     try:
         (row,) = reader.query("SELECT count(*) AS n, min(start_time_unix_nano) AS lo FROM spans").to_pylist()

@@ -268,14 +268,12 @@ def _expire(tbl: Any, fs: Any, grace_seconds: float) -> tuple[int, int]:
     from otel_agenttape.store.lake.iceberg_read import _key
 
     tbl.refresh()
-    cutoff_ms = int((time.time() - grace_seconds) * 1000)
-    old = [s for s in tbl.metadata.snapshots if s.timestamp_ms < cutoff_ms
-           and s.snapshot_id != (tbl.current_snapshot().snapshot_id if tbl.current_snapshot() else None)]
-    if not old:
-        return 0, 0
+    cutoff_ms = int((time.time() - grace_seconds) * 1000) + (1 if grace_seconds <= 0 else 0)
+    past = [s for s in tbl.metadata.snapshots if s.timestamp_ms < cutoff_ms]  # the current one too
+    old = [s for s in past if s.snapshot_id != (tbl.current_snapshot().snapshot_id if tbl.current_snapshot() else None)]
     live = {f.file_path for f in _live(tbl)}
     deleted = 0
-    for snap in old:
+    for snap in past:
         for path in json.loads(ifl.summary_props(snap).get(REMOVED, "[]")):
             if path not in live:
                 key = _key(fs, path)
@@ -284,6 +282,8 @@ def _expire(tbl: Any, fs: Any, grace_seconds: float) -> tuple[int, int]:
                     deleted += 1
                 except (FileNotFoundError, OSError):
                     pass
+    if not old:
+        return deleted, 0
     covers = ifl.coverage(tbl)
     migrated: dict[str, list[str]] = json.loads(tbl.properties.get(MIGRATED, "{}"))
     retention = json.loads(tbl.properties.get(RETENTION, "[]"))
