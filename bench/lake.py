@@ -15,14 +15,21 @@ reader keeps every run's keys, the replay of the 100-node run, the 1 + 20 tree (
 adds each run's summary from the ``runs`` view, is printed beside it), and ``verify`` of every sealed tape.
 Targets: replay <= 200 ms, tree <= 500 ms, runs page <= 300 ms, bytes per span <= 700.
 
-    python bench/lake.py [--spans 10000000] [--receivers 3] [--repeat 7] [--dir DIR] [--reuse]
+``--iceberg`` publishes into Iceberg tables instead (``IcebergPublisher``; a SQLite catalog in the
+folder), compacts them (``lake compact`` as an Iceberg overwrite) and reads those; the folder lake is
+published from the same stores too, so the last line adds both lakes' bytes per span and publication
+cost per span (target: the Iceberg lake's bytes no more than 5% above the folder lake's).
+
+    python bench/lake.py [--spans 10000000] [--receivers 3] [--repeat 7] [--dir DIR] [--reuse] [--iceberg]
 
 ``--reuse`` measures the lake and DuckDB file already built in ``--dir`` (their ids are kept in
 ``ids.json`` there), so two versions of the read code can be timed on the same data.
 
 Last line: ``lake runs_ms=.. replay_ms=.. tree_ms=.. verify_spans_per_s=.. bytes_per_span=.. runs_first_ms=..
 duckdb_runs_first_ms=..
-duckdb_runs_ms=.. duckdb_replay_ms=.. duckdb_tree_ms=.. duckdb_verify_spans_per_s=.. duckdb_bytes_per_span=..``.
+duckdb_runs_ms=.. duckdb_replay_ms=.. duckdb_tree_ms=.. duckdb_verify_spans_per_s=.. duckdb_bytes_per_span=..
+spans=.. publish_us_per_span=..`` and, with ``--iceberg``, `` iceberg=1 folder_bytes_per_span=..
+folder_publish_us_per_span=..``.
 """
 
 from __future__ import annotations
@@ -225,29 +232,50 @@ def measure(source: Any, ids: dict[str, Any], repeat: int, label: str) -> dict[s
     return out
 
 
-def build_and_publish(folder: str, lake: str, args: Any) -> dict[str, Any]:
-    """Build the receivers' stores and the single file, publish and compact the lake; the ids are saved."""
-    from otel_agenttape.store.lake import LakePublisher
-    from otel_agenttape.store.lake.maintain import compact, status
+def publish(stores: list[Any], lake: str, args: Any, iceberg: bool) -> dict[str, float]:
+    """Publish every store into one lake (the receivers' own publication path), compact it once; the
+    publication's cost per span, the compaction's time and the lake's bytes and files."""
+    if iceberg:
+        from otel_agenttape.store.lake.iceberg_maintain import compact, status
+        from otel_agenttape.store.lake.iceberg_publish import IcebergPublisher as Publisher
+    else:
+        from otel_agenttape.store.lake import LakePublisher as Publisher
+        from otel_agenttape.store.lake.maintain import compact, status
 
     start = time.perf_counter()
-    ids = build(folder, args.spans, args.receivers, args.sealed_runs)
-    built = time.perf_counter() - start
-    print(f"built {ids['spans']} spans in {args.receivers} receiver stores and one DuckDB file in {built:.0f} s "
-          f"(tree children on {ids['child_receivers']} receivers)", flush=True)
-    start = time.perf_counter()
-    for i, store in enumerate(ids.pop("stores")):
-        LakePublisher(store, lake, f"r{i}", max_spans=args.batch).publish_all()
-        store.close()
+    for i, store in enumerate(stores):
+        Publisher(store, lake, f"r{i}", max_spans=args.batch).publish_all()
     published = time.perf_counter() - start
     start = time.perf_counter()
     merged = compact(lake, grace_seconds=0)
     compacted = time.perf_counter() - start
     st = status(lake)
-    ids["lake_bytes"] = sum(v["bytes"] for v in st["tables"].values())
-    print(f"published in {published:.0f} s, compacted {merged['merged_files']} files into "
-          f"{merged['written_files']} in {compacted:.0f} s; lake {ids['lake_bytes'] / 1e6:.0f} MB in "
-          f"{sum(v['files'] for v in st['tables'].values())} files", flush=True)
+    out = {"bytes": sum(v["bytes"] for v in st["tables"].values()),
+           "files": sum(v["files"] for v in st["tables"].values()), "published_s": published}
+    print(f"{'iceberg' if iceberg else 'folder'} lake: published in {published:.0f} s, compacted "
+          f"{merged['merged_files']} files into {merged['written_files']} in {compacted:.0f} s; "
+          f"{out['bytes'] / 1e6:.1f} MB in {out['files']} files", flush=True)
+    return out
+
+
+def build_and_publish(folder: str, lake: str, args: Any) -> dict[str, Any]:
+    """Build the receivers' stores and the single file, publish and compact the lake (with ``--iceberg``
+    also the folder lake, for its bytes and publication cost); the ids are saved."""
+    start = time.perf_counter()
+    ids = build(folder, args.spans, args.receivers, args.sealed_runs)
+    built = time.perf_counter() - start
+    print(f"built {ids['spans']} spans in {args.receivers} receiver stores and one DuckDB file in {built:.0f} s "
+          f"(tree children on {ids['child_receivers']} receivers)", flush=True)
+    stores = ids.pop("stores")
+    got = publish(stores, lake, args, args.iceberg)
+    ids["lake_bytes"] = got["bytes"]
+    ids["publish_us_per_span"] = got["published_s"] * 1e6 / ids["spans"]
+    if args.iceberg:
+        folder_lake = publish(stores, os.path.join(folder, "lake"), args, False)
+        ids["folder_bytes"] = folder_lake["bytes"]
+        ids["folder_publish_us_per_span"] = folder_lake["published_s"] * 1e6 / ids["spans"]
+    for store in stores:
+        store.close()
     single = ids.pop("single")
     single.con.execute("CHECKPOINT")
     single.close()
@@ -265,10 +293,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--dir", default=None, help="where to build (default: a temp folder, removed after)")
     ap.add_argument("--reuse", action="store_true", help="measure what an earlier run built in --dir")
+    ap.add_argument("--iceberg", action="store_true",
+                    help="publish into Iceberg tables (a SQLite catalog in --dir) and read those; the folder lake "
+                         "is published too, for its bytes and publication cost")
     args = ap.parse_args()
 
     folder = args.dir or tempfile.mkdtemp(prefix="agenttape-lake-bench-")
-    lake = os.path.join(folder, "lake")
+    lake = f"iceberg+sql://{os.path.abspath(folder)}/catalog.db#bench" if args.iceberg else os.path.join(folder, "lake")
     db = os.path.join(folder, "single.duckdb")
     saved = os.path.join(folder, "ids.json")
     reuse = bool(args.reuse and args.dir and os.path.exists(saved))
@@ -285,14 +316,17 @@ def main() -> int:
         lake_bytes = ids["lake_bytes"]
         db_bytes = os.path.getsize(db)
         n = ids["spans"]
-        lk = measure(lake, ids, args.repeat, "lake")
+        lk = measure(lake, ids, args.repeat, "iceberg lake" if args.iceberg else "lake")
         dd = measure(db, ids, args.repeat, "duckdb")
         print(f"lake runs_ms={lk['runs_ms']:.1f} replay_ms={lk['replay_ms']:.1f} tree_ms={lk['tree_ms']:.1f} "
               f"verify_spans_per_s={lk['verify_spans_per_s']:.0f} bytes_per_span={lake_bytes / n:.0f} "
               f"runs_first_ms={lk['runs_first_ms']:.1f} duckdb_runs_first_ms={dd['runs_first_ms']:.1f} "
               f"duckdb_runs_ms={dd['runs_ms']:.1f} duckdb_replay_ms={dd['replay_ms']:.1f} "
               f"duckdb_tree_ms={dd['tree_ms']:.1f} duckdb_verify_spans_per_s={dd['verify_spans_per_s']:.0f} "
-              f"duckdb_bytes_per_span={db_bytes / n:.0f} spans={n}")
+              f"duckdb_bytes_per_span={db_bytes / n:.0f} spans={n}"
+              + (f" publish_us_per_span={ids['publish_us_per_span']:.2f}" if "publish_us_per_span" in ids else "")
+              + (f" iceberg=1 folder_bytes_per_span={ids['folder_bytes'] / n:.0f} "
+                 f"folder_publish_us_per_span={ids['folder_publish_us_per_span']:.2f}" if "folder_bytes" in ids else ""))
     finally:
         if not args.dir:
             shutil.rmtree(folder, ignore_errors=True)

@@ -65,13 +65,14 @@ def _score_filter_args(p: argparse.ArgumentParser) -> None:
 
 def _lake_read_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lake", action="append", metavar="LAKE", default=None,
-                   help="read a lake (folder or s3://bucket/prefix) instead of --db; repeat it to read several "
+                   help="read a lake (folder, s3://bucket/prefix or iceberg+... catalog URL) instead of --db; repeat it to read several "
                         "lakes and DuckDB files as one store")
 
 
 def _lake_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lake", default=_env("LAKE"), metavar="DIR|s3://BUCKET/PREFIX",
-                   help="also publish immutable Parquet files and a manifest into this lake (env AGENTTAPE_LAKE)")
+    p.add_argument("--lake", default=_env("LAKE"), metavar="DIR|s3://BUCKET/PREFIX|iceberg+...",
+                   help="also publish immutable Parquet files and a manifest into this lake, or append them to "
+                        "Apache Iceberg tables through a catalog URL (env AGENTTAPE_LAKE)")
     p.add_argument("--receiver-id", default=_env("RECEIVER_ID"), metavar="ID",
                    help="this receiver's name in the lake (env AGENTTAPE_RECEIVER_ID, default the host name)")
     p.add_argument("--lake-interval", type=float, default=None, metavar="SECONDS",
@@ -277,19 +278,22 @@ def _build_parser() -> argparse.ArgumentParser:
         p.add_argument("--checkpoints", action="append", metavar="FILE", help="local checkpoint file (JSON lines)")
         _tape_source_args(p)
         p.set_defaults(func=func)
-    p = sub.add_parser("lake", help="maintain a lake: compact, retain, status")
+    p = sub.add_parser("lake", help="maintain a lake: compact, retain, status, migrate")
     what = p.add_subparsers(dest="lake_command", metavar="VERB")
     what.required = True
     for verb, helptext in (("compact", "merge small Parquet files (atomic, idempotent, safe while receivers publish)"),
                            ("retain", "drop whole date partitions older than --older-than, recording what went"),
-                           ("status", "files, rows and receivers the manifest lists")):
+                           ("status", "files, rows and receivers the lake lists"),
+                           ("migrate", "copy a folder/S3 lake into an Iceberg lake (resumable, idempotent)")):
         q = what.add_parser(verb, help=helptext)
-        q.add_argument("lake", metavar="LAKE", help="lake folder or s3://bucket/prefix")
+        q.add_argument("lake", metavar="LAKE", help="lake folder, s3://bucket/prefix or iceberg+... catalog URL")
+        if verb == "migrate":
+            q.add_argument("target", metavar="ICEBERG_URL", help="iceberg+sql:///PATH.db#ns, iceberg+postgresql://...")
         if verb == "compact":
             q.add_argument("--target-mb", type=float, default=256, help="merged file size (default 256 MB)")
         if verb == "retain":
             q.add_argument("--older-than", required=True, metavar="DAYS", help="e.g. 30d: UTC dates before today-30")
-        if verb != "status":
+        if verb not in ("status", "migrate"):
             q.add_argument("--grace", type=float, default=600, metavar="SECONDS",
                            help="delete replaced files only this long after (default 600; readers may still use them)")
         q.add_argument("--json", action="store_true")

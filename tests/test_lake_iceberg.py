@@ -1,13 +1,21 @@
-"""The lake as Apache Iceberg tables (a SQLite catalog on a local folder): two receivers' stores publish
+"""The lake as Apache Iceberg tables, once with a SQLite catalog on a local folder and once with a PostgreSQL
+catalog whose warehouse is an S3 bucket on 127.0.0.1 (moto in server mode): two receivers' stores publish
 through the catalog, our reader and pyiceberg's own scan read the same spans exactly once, a restart
 publishes nothing twice, and a data file edited or removed outside a snapshot is caught."""
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from receiver_util import trace_request
+
+sys.path.insert(0, os.path.dirname(__file__))
+from iceberg_support import KINDS, drop_lake, lake_url, s3_object  # noqa: E402
+from receiver_util import trace_request  # noqa: E402
+from test_lake_receivers import _make_bucket, _s3_env, moto_endpoint  # noqa: E402, F401
 
 pytest.importorskip("pyiceberg")
 
@@ -17,22 +25,40 @@ from otel_agenttape.store.reader import open_reader  # noqa: E402
 from otel_agenttape.store.writer import Store  # noqa: E402
 
 
-@pytest.fixture
-def lake(tmp_path):
-    url = f"iceberg+sql:///{tmp_path}/catalog.db#agenttape"
-    expected = set()
-    for i, n in enumerate((300, 20)):
-        with Store(str(tmp_path / f"r{i}.duckdb")) as store:
-            req = trace_request(n)
-            store.write_traces([req])
-            expected |= {(s.span_id.hex()) for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans}
-            publisher = IcebergPublisher(store, url, f"r{i}")
-            publisher.publish_all()
-            assert publisher.published_files > 0
-            again = IcebergPublisher(store, url, f"r{i}")  # a restart: the batch is in the table already
-            again.publish_all()
-            assert again.published_files == 0
-    return url, expected
+@pytest.fixture(scope="module", params=KINDS)
+def lake(request: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp(request.param)
+    saved: dict[str, str | None] = {}
+    endpoint = None
+    if request.param == "postgresql-s3":
+        endpoint = request.getfixturevalue("moto_endpoint")
+        saved = {k: os.environ.get(k) for k in _s3_env(endpoint)}
+        os.environ.update(_s3_env(endpoint))  # the publisher and the readers in this process
+    url = lake_url(request.param, tmp, endpoint)
+    if endpoint:
+        _make_bucket(endpoint, "ice")
+    expected: set[str] = set()
+    try:
+        for i, n in enumerate((300, 20)):
+            with Store(str(tmp / f"r{i}.duckdb")) as store:
+                req = trace_request(n)
+                store.write_traces([req])
+                expected |= {s.span_id.hex() for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans}
+                publisher = IcebergPublisher(store, url, f"r{i}")
+                publisher.publish_all()
+                assert publisher.published_files > 0
+                again = IcebergPublisher(store, url, f"r{i}")  # a restart: the batch is in the table already
+                again.publish_all()
+                assert again.published_files == 0
+        yield {"url": url, "expected": expected, "endpoint": endpoint}
+    finally:
+        if request.param == "postgresql-s3":
+            drop_lake(url)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _spans(url: str) -> tuple[int, int]:
@@ -44,37 +70,73 @@ def _spans(url: str) -> tuple[int, int]:
         reader.close()
 
 
-def test_two_receivers_publish_and_both_readers_see_every_span_once(lake):
-    url, expected = lake
+def test_two_receivers_publish_and_both_readers_see_every_span_once(lake: dict[str, Any]) -> None:
+    url, expected = lake["url"], lake["expected"]
     assert _spans(url) == (len(expected), len(expected))
-    catalog, _ = load(url)
-    table = catalog.load_table("agenttape.spans")
+    catalog, parsed = load(url)
+    table = catalog.load_table(f"{parsed.namespace}.spans")
     scanned = table.scan().to_arrow()  # a reader that is not ours
     assert scanned.num_rows == len(expected)
+    assert sorted(scanned.column("span_id").to_pylist()) == sorted(expected)
     batches = {s.summary.additional_properties.get("agenttape.batch") for s in table.metadata.snapshots}
-    assert len(batches - {None}) == 2  # one snapshot per receiver's batch, each named
+    assert batches - {None} == {"r0/1", "r1/1"}  # one snapshot per receiver's batch, each named
+    if lake["endpoint"]:
+        assert table.location().startswith("s3://ice/warehouse/")
 
 
-def test_a_data_file_edited_or_removed_outside_a_snapshot_is_caught(lake):
-    url, _ = lake
-    reader = open_reader([url])
-    try:
-        assert reader.lakes.check_files() == []
-        paths = [f.file_path for ice in reader.lakes.icebergs for files in ice.files.values() for f in files]
-    finally:
-        reader.close()
-    local = [p[len("file://"):] if p.startswith("file://") else p for p in paths]
-    edited, removed = local[0], local[1]
-    with open(edited, "r+b") as fh:
+def _corrupt(lake: dict[str, Any], path: str) -> None:
+    """Flip one byte of a data file, keeping its size (only the sha256 can tell)."""
+    if path.startswith("s3://"):
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=lake["endpoint"], region_name="us-east-1")
+        bucket, key = s3_object(path)
+        body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        body[8] ^= 0xFF
+        s3.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+        return
+    local = path[len("file://"):] if path.startswith("file://") else path
+    with open(local, "r+b") as fh:
         fh.seek(8)
         byte = fh.read(1)
         fh.seek(8)
         fh.write(bytes([byte[0] ^ 0xFF]))
-    os.remove(removed)
+
+
+def _remove(lake: dict[str, Any], path: str) -> None:
+    if path.startswith("s3://"):
+        import boto3
+
+        bucket, key = s3_object(path)
+        boto3.client("s3", endpoint_url=lake["endpoint"], region_name="us-east-1").delete_object(Bucket=bucket, Key=key)
+        return
+    os.remove(path[len("file://"):] if path.startswith("file://") else path)
+
+
+def test_a_data_file_edited_or_removed_outside_a_snapshot_is_caught(lake: dict[str, Any]) -> None:
+    """Last in the module: it damages the lake."""
+    url = lake["url"]
+    reader = open_reader([url])
+    try:
+        assert reader.lakes.check_files() == []
+        files = sorted((f for ice in reader.lakes.icebergs for t, fs in ice.files.items() if t == "spans" for f in fs),
+                       key=lambda f: f.file_path)
+        paths = [f.file_path for f in files]
+    finally:
+        reader.close()
+    edited, removed = paths[0], paths[1]
+    _remove(lake, removed)
+    reader = open_reader([url])  # opens: the removed file is read around, the rest reads, verify names it
+    try:
+        (n,) = reader.query("SELECT count(*) AS n FROM spans").to_pylist()
+    finally:
+        reader.close()
+    assert n["n"] == len(lake["expected"]) - files[1].record_count
+    _corrupt(lake, edited)
     reader = open_reader([url])
     try:
         problems = {p["file"]: p["problem"] for p in reader.lakes.check_files()}
     finally:
         reader.close()
-    assert any(k.endswith(os.path.basename(edited)) and "edited" in v for k, v in problems.items()), problems
-    assert any(k.endswith(os.path.basename(removed)) and "missing" in v for k, v in problems.items()), problems
+    assert any(k == edited and "edited" in v for k, v in problems.items()), problems
+    assert any(k == removed and "missing" in v for k, v in problems.items()), problems

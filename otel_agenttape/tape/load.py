@@ -92,6 +92,14 @@ def _match(column: str, values: Sequence[Any]) -> str:
     return f"{column} = ?" if len(values) == 1 else f"{column} IN {_in(values)}"
 
 
+def _source(reader: Reader, table: str, column: str, values: Sequence[str]) -> str:
+    """What a lookup by ``column`` reads: ``table``, or, over an Iceberg lake, only the files its catalog
+    plans for these values (``store/lake/read.py``: ``ScopedSources``), named as the table."""
+    scoped = getattr(reader, "scoped_source", None)
+    sql = scoped(table, column, list(values)) if scoped is not None else None
+    return f"{sql} AS {table}" if sql else table
+
+
 def _optional_rows(reader: Reader, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
     """Rows of a table a store may not have (older lakes without log records)."""
     try:
@@ -169,7 +177,8 @@ def _indexed_run_traces(reader: Reader, run_id: str) -> Windows | None:
         return _windows(_rows(
             reader,
             "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi "
-            f"FROM {lake} WHERE run_id = ? GROUP BY trace_id",
+            f"FROM {_source(reader, lake, 'run_id', [run_id])} "
+            "WHERE run_id = ? GROUP BY trace_id",
             [run_id],
         ))
     if _is_unindexed(reader):
@@ -245,8 +254,8 @@ def trace_windows(reader: Reader, trace_ids: Sequence[str]) -> Windows:
         return {}
     return _windows(_rows(
         reader,
-        "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM spans "
-        f"WHERE {_match('trace_id', trace_ids)} GROUP BY trace_id",
+        "SELECT trace_id, min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi "
+        f"FROM {_source(reader, 'spans', 'trace_id', trace_ids)} WHERE {_match('trace_id', trace_ids)} GROUP BY trace_id",
         list(trace_ids),
     ))
 
@@ -338,7 +347,8 @@ def load_traces(reader: Reader, windows: Windows, into: TraceSet | None = None, 
         event_params += [lo, hi]
     where = span_where
     new: dict[tuple[str, str], SpanRow] = {}
-    for r in _rows(reader, f"SELECT {SPAN_COLUMNS} FROM spans WHERE {where}", span_params):
+    for r in _rows(reader, f"SELECT {SPAN_COLUMNS} FROM {_source(reader, 'spans', 'trace_id', ids)} WHERE {where}",
+                   span_params):
         row = SpanRow(
             trace_id=r["trace_id"],
             span_id=r["span_id"],
@@ -363,7 +373,8 @@ def load_traces(reader: Reader, windows: Windows, into: TraceSet | None = None, 
     events = _rows(
         reader,
         "SELECT trace_id, span_id, event_index, time_unix_nano, name, CAST(attributes AS VARCHAR) AS attributes "
-        f"FROM span_events WHERE {event_where} ORDER BY trace_id, span_id, event_index",
+        f"FROM {_source(reader, 'span_events', 'trace_id', ids)} WHERE {event_where} "
+        "ORDER BY trace_id, span_id, event_index",
         event_params,
     )
     for e in events:
@@ -391,7 +402,8 @@ def load_links(reader: Reader, ids: Sequence[str], ts: TraceSet) -> None:
     where = _match("trace_id", ids)
     links = _optional_rows(
         reader,
-        f"SELECT trace_id, span_id, link_index, linked_trace_id, linked_span_id FROM span_links WHERE {where} "
+        "SELECT trace_id, span_id, link_index, linked_trace_id, linked_span_id "
+        f"FROM {_source(reader, 'span_links', 'trace_id', ids)} WHERE {where} "
         "ORDER BY trace_id, span_id, link_index",
         ids,
     )
@@ -407,7 +419,8 @@ def load_logs(reader: Reader, ids: Sequence[str], ts: TraceSet) -> None:
     logs = _optional_rows(
         reader,
         "SELECT trace_id, span_id, time_unix_nano, event_name, CAST(body AS VARCHAR) AS body, "
-        f"CAST(attributes AS VARCHAR) AS attributes FROM log_records WHERE {where} ORDER BY time_unix_nano",
+        f"CAST(attributes AS VARCHAR) AS attributes FROM {_source(reader, 'log_records', 'trace_id', ids)} "
+        f"WHERE {where} ORDER BY time_unix_nano",
         ids,
     )
     for log in logs:

@@ -9,6 +9,9 @@ A lake URL names an Iceberg catalog and a namespace (after ``#``, default ``agen
 - ``iceberg+rest://host:8181/path#ns`` (plain HTTP), ``iceberg+http://...`` or ``iceberg+https://...``: an
   Iceberg REST catalog; ``warehouse`` and the other query parameters are passed on as catalog properties.
 
+``?catalog=NAME`` names the catalog (default ``agenttape_<namespace>``): a SQL catalog keeps it in each row
+(``iceberg_tables.catalog_name``), so another engine's JDBC catalog over the same database must use it.
+
 An S3 warehouse uses the standard AWS variables, as the folder/S3 lake does (``fs.py``).
 
 Each table holds the columns of the store's table in Iceberg's types (no unsigned integers: ``uint32`` is
@@ -55,6 +58,8 @@ class LakeUrl:
     namespace: str
     warehouse: str | None
     sqlite_path: str | None = None
+    # the SQL catalog's ``catalog_name`` (the name another engine's JDBC catalog must be given)
+    catalog: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -84,6 +89,8 @@ def _warehouse_location(where: str) -> str:
         return where.rstrip("/")
     if where.startswith("file://"):
         where = where[len("file://"):]
+    if where.startswith("//"):
+        where = "/" + where.lstrip("/")
     return "file://" + os.path.abspath(where)
 
 
@@ -100,16 +107,20 @@ def parse_lake_url(url: str) -> LakeUrl:
     body, _, query = body.partition("?")
     params = dict(parse_qsl(query, keep_blank_values=True))
     warehouse = params.pop("warehouse", None)
+    catalog_name = params.pop("catalog", None) or f"agenttape_{namespace}"
     props = {**_aws_properties(), "py-io-impl": "pyiceberg.io.pyarrow.PyArrowFileIO"}
     props.update({k: v for k, v in params.items()})
     if scheme in ("iceberg+sql", "iceberg+sqlite"):
         path = body[2:] if body.startswith("//") else body
         if not path:
             raise LakeError(f"{url}: give the SQLite catalog file, e.g. iceberg+sql:///var/lib/agenttape/catalog.db")
-        path = os.path.abspath(unquote(path))
+        path = unquote(path)
+        if path.startswith("//"):  # iceberg+sql:////abs/path: one root, not POSIX's distinct "//"
+            path = "/" + path.lstrip("/")
+        path = os.path.abspath(path)
         wh = _warehouse_location(warehouse or os.path.join(os.path.dirname(path), "warehouse"))
         props.update({"uri": f"sqlite:///{path}", "warehouse": wh, "init_catalog_tables": "true"})
-        return LakeUrl(url, "sql", props, namespace, wh, sqlite_path=path)
+        return LakeUrl(url, "sql", props, namespace, wh, sqlite_path=path, catalog=catalog_name)
     if scheme in ("iceberg+postgresql", "iceberg+postgres"):
         p = urlparse("postgresql:" + body)
         if not p.netloc:
@@ -119,7 +130,7 @@ def parse_lake_url(url: str) -> LakeUrl:
         wh = _warehouse_location(warehouse)
         props.update({"uri": urlunparse(p._replace(scheme="postgresql+psycopg")), "warehouse": wh,
                       "init_catalog_tables": "true"})
-        return LakeUrl(url, "sql", props, namespace, wh)
+        return LakeUrl(url, "sql", props, namespace, wh, catalog=catalog_name)
     http = "https" if scheme == "iceberg+https" else "http"
     p = urlparse(f"{http}:" + body)
     if not p.netloc:
@@ -127,21 +138,28 @@ def parse_lake_url(url: str) -> LakeUrl:
     props["uri"] = urlunparse(p)
     if warehouse:
         props["warehouse"] = warehouse
-    return LakeUrl(url, "rest", props, namespace, warehouse)
+    return LakeUrl(url, "rest", props, namespace, warehouse, catalog=catalog_name)
 
 
-def load(url: str | LakeUrl) -> tuple[Any, LakeUrl]:
-    """The pyiceberg catalog a lake URL names (created on first use for a SQL catalog)."""
+def load(url: str | LakeUrl, create: bool = True) -> tuple[Any, LakeUrl]:
+    """The pyiceberg catalog a lake URL names (created on first use for a SQL catalog unless ``create`` is
+    False: a reader never creates a catalog, a file or a folder)."""
     from pyiceberg.catalog import load_catalog
 
     parsed = url if isinstance(url, LakeUrl) else parse_lake_url(url)
-    if parsed.sqlite_path:
-        os.makedirs(os.path.dirname(parsed.sqlite_path), exist_ok=True)
-    wh = parsed.warehouse or ""
-    if wh.startswith("file://"):
-        os.makedirs(wh[len("file://"):], exist_ok=True)
+    props = dict(parsed.properties)
+    if not create:
+        if parsed.sqlite_path and not os.path.isfile(parsed.sqlite_path):
+            raise LakeError(f"{parsed.url}: no Iceberg catalog at {parsed.sqlite_path}")
+        props["init_catalog_tables"] = "false"
+    else:
+        if parsed.sqlite_path:
+            os.makedirs(os.path.dirname(parsed.sqlite_path), exist_ok=True)
+        wh = parsed.warehouse or ""
+        if wh.startswith("file://"):
+            os.makedirs(wh[len("file://"):], exist_ok=True)
     try:
-        cat = load_catalog(f"agenttape_{parsed.namespace}", **{"type": parsed.kind, **parsed.properties})
+        cat = load_catalog(parsed.catalog or f"agenttape_{parsed.namespace}", **{"type": parsed.kind, **props})
     except Exception as exc:  # noqa: BLE001 - pyiceberg and SQLAlchemy raise their own errors
         raise LakeError(f"cannot open the Iceberg catalog {_redact(parsed.url)}: {exc}") from exc
     return cat, parsed
@@ -228,6 +246,10 @@ TABLE_PROPERTIES = {
     "write.metadata.previous-versions-max": "50",
     "write.metadata.delete-after-commit.enabled": "true",
     "agenttape.format": "agenttape.iceberg/1",
+    # a compaction's rewrite or a retention's delete commits over receivers' concurrent appends: new rows
+    # never conflict with files being replaced (those files must still exist, which pyiceberg checks)
+    "write.update.isolation-level": "snapshot",
+    "write.delete.isolation-level": "snapshot",
 }
 
 
@@ -269,4 +291,6 @@ def load_tables(cat: Any, namespace: str) -> dict[str, Any]:
             out[table] = cat.load_table(f"{namespace}.{table}")
         except (NoSuchTableError, NoSuchNamespaceError):
             continue
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy's errors: a database that is no Iceberg catalog
+            raise LakeError(f"cannot read the Iceberg table {namespace}.{table}: {str(exc).splitlines()[0]}") from exc
     return out

@@ -124,10 +124,17 @@ def data_file(tbl: Any, path: str, md: Any, size: int, partition: tuple[Any, ...
         spec_id=tbl.spec().spec_id, equality_ids=None, key_metadata=None, **stats.to_serialized_dict())
 
 
+def _kept_covers(tbl: Any) -> dict[str, int]:
+    """The coverage maintenance kept as a table property when it expired older snapshots."""
+    return {r: int(s) for r, s in json.loads((tbl.properties or {}).get(COVERS, "{}")).items()}
+
+
 def batch_committed(tbl: Any, receiver: str, seq: int) -> bool:
     """Is batch (receiver, seq) in this table: named by a snapshot's summary, or folded into the coverage a
-    maintenance snapshot recorded when it expired older snapshots."""
+    maintenance snapshot recorded (or kept as a table property when it expired older snapshots)."""
     want = f"{receiver}/{seq}"
+    if _kept_covers(tbl).get(receiver, 0) >= seq:
+        return True
     for snap in tbl.metadata.snapshots:
         props = summary_props(snap)
         if props.get(BATCH) == want:
@@ -139,7 +146,7 @@ def batch_committed(tbl: Any, receiver: str, seq: int) -> bool:
 
 def receiver_high(tbl: Any, receiver: str) -> int | None:
     """The highest batch of this receiver the table holds, or None."""
-    out: int | None = None
+    out: int | None = _kept_covers(tbl).get(receiver)
     for snap in tbl.metadata.snapshots:
         props = summary_props(snap)
         b = props.get(BATCH, "")
@@ -152,7 +159,7 @@ def receiver_high(tbl: Any, receiver: str) -> int | None:
 
 def coverage(tbl: Any) -> dict[str, int]:
     """Receiver -> highest batch seq over every snapshot the table keeps (carried by maintenance)."""
-    out: dict[str, int] = {}
+    out: dict[str, int] = _kept_covers(tbl)
     for snap in tbl.metadata.snapshots:
         props = summary_props(snap)
         if b := props.get(BATCH):

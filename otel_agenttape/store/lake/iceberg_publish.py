@@ -72,10 +72,47 @@ class IcebergPublisher(LakePublisher):
         path = getattr(store, "path", None)
         self._staging = f"{path}.lake-staging" if path and path != ":memory:" else None
         self._fs = {t: ifl.location_fs(tbl.location(), self._staging) for t, tbl in self.tables.items()}
+        adopted = self.adopt_migrated()
+        if adopted:
+            log.info("receiver %s continues after the %d batch(es) `lake migrate` brought into %s", self.receiver,
+                     adopted, lake)
         self._check_id()
         gone = self.clean_orphans()
         if gone:
             log.info("removed %d file(s) a stopped receiver %s left uncommitted", gone, self.receiver)
+
+    def adopt_migrated(self) -> int:
+        """A receiver that moves from a folder/S3 lake to this one after ``lake migrate`` copied that lake: its
+        batches the migration brought in are published here too, so its cursor there (the same batches, the
+        same row ranges) becomes its cursor here and it goes on with the next batch. Only once, before it
+        has published anything here; returns how many batches were taken over."""
+        from otel_agenttape.store.lake.iceberg_maintain import migrated_origins
+
+        mine = self._rows("SELECT count(*) FROM lake_publications WHERE lake = ? AND receiver = ?",
+                          [self.lake.uri, self.receiver])[0][0]
+        if mine:
+            return 0
+        taken = 0
+        for origin, covers in migrated_origins(self.tables["spans"]).items():
+            upto = covers.get(self.receiver)
+            if not upto:
+                continue
+            with self._lock:
+                pending = self._con.execute(
+                    "SELECT count(*) FROM lake_publications WHERE lake = ? AND receiver = ? AND seq <= ? "
+                    "AND state <> 'published'", [origin, self.receiver, upto]).fetchall()[0][0]
+                if pending:  # the old lake's cursor is not settled: nothing to take over safely
+                    continue
+                cols = [r[0] for r in self._con.execute("DESCRIBE lake_publications").fetchall()]
+                rest = ", ".join(c for c in cols if c != "lake")
+                self._con.execute(f"INSERT INTO lake_publications (lake, {rest}) SELECT ?, {rest} FROM "
+                                  "lake_publications WHERE lake = ? AND receiver = ? AND seq <= ?",
+                                  [self.lake.uri, origin, self.receiver, upto])
+                taken = self._con.execute("SELECT count(*) FROM lake_publications WHERE lake = ? AND receiver = ?",
+                                          [self.lake.uri, self.receiver]).fetchall()[0][0]
+            if taken:
+                break
+        return int(taken)
 
     def _check_id(self) -> None:
         mine = self._rows("SELECT max(seq) FROM lake_publications WHERE lake = ? AND receiver = ?",

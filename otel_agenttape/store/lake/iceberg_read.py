@@ -62,34 +62,65 @@ def _q(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def plan(tbl: Any, row_filter: Any = None) -> list[Any]:
-    """The live data files of a table (pyiceberg's scan planning), pruned by ``row_filter`` if given."""
-    from pyiceberg.expressions import AlwaysTrue
-
-    if tbl.current_snapshot() is None:
-        return []
-    return [task.file for task in tbl.scan(row_filter=row_filter or AlwaysTrue()).plan_files()]
-
-
-def trace_filter(trace_id: str, since_ns: int | None = None) -> Any:
-    """A filter that prunes to one trace (its bucket and min/max) and, with ``since_ns``, to its days."""
-    from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual
-
-    f: Any = EqualTo("trace_id", trace_id)
-    if since_ns is not None:
-        day = dt.datetime.fromtimestamp(since_ns / 1e9, dt.timezone.utc).date()
-        f = And(f, GreaterThanOrEqual("date", day.isoformat()))
-    return f
-
-
 class IcebergLake:
-    """One Iceberg lake opened for reading: its tables and the files each read over."""
+    """One Iceberg lake opened for reading: its tables, the snapshot each is read at, and its live files."""
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.catalog, self.parsed = ic.load(url)
+        self.catalog, self.parsed = ic.load(url, create=False)
         self.tables = ic.load_tables(self.catalog, self.parsed.namespace)
-        self.files: dict[str, list[Any]] = {t: plan(tbl) for t, tbl in self.tables.items()}
+        # every read of this lake (whole views and scoped lookups) is of the snapshot current at open
+        self.snapshots: dict[str, int | None] = {
+            t: (snap.snapshot_id if (snap := tbl.current_snapshot()) is not None else None)
+            for t, tbl in self.tables.items()}
+        self.files: dict[str, list[Any]] = {t: self.plan(t) for t in self.tables}
+        self.present: dict[str, set[str]] = {}  # the live files there when the views were made
+        self._n = 0
+        self._scoped: dict[tuple[str, frozenset[str]], str] = {}
+
+    def plan(self, table: str, row_filter: Any = None) -> list[Any]:
+        """pyiceberg's plan of this table at the snapshot read: the data files that can hold rows matching
+        ``row_filter`` (partition and min/max pruning), or every live file."""
+        from pyiceberg.expressions import AlwaysTrue
+
+        snap = self.snapshots.get(table)
+        if snap is None:
+            return []
+        scan = self.tables[table].scan(row_filter=row_filter or AlwaysTrue(), snapshot_id=snap)
+        return [task.file for task in scan.plan_files()]
+
+    def scoped_files(self, table: str, column: str, values: Sequence[str]) -> list[Any]:
+        """The live files that can hold rows whose ``column`` is one of ``values`` (a trace id prunes to its
+        bucket and to files whose min/max covers it; a run id to the index files whose bounds cover it)."""
+        from pyiceberg.expressions import EqualTo, In
+
+        if table not in self.tables or not values:
+            return []
+        vals = sorted(set(values))
+        f = EqualTo(column, vals[0]) if len(vals) == 1 else In(column, vals)
+        here = self.present.get(table)
+        return [x for x in self._prune(table, f) if here is None or x.file_path in here]
+
+    def _prune(self, table: str, row_filter: Any) -> list[Any]:
+        """pyiceberg's own pruning (partition projection, then min/max metrics) applied to the files planned
+        at open: the same answer as ``plan(table, row_filter)`` without reading the manifests again."""
+        from pyiceberg.expressions.visitors import (
+            _InclusiveMetricsEvaluator,
+            expression_evaluator,
+            inclusive_projection,
+        )
+
+        tbl = self.tables[table]
+        files = self.files.get(table, [])
+        schema, spec = tbl.schema(), tbl.spec()
+        if any(f.spec_id != spec.spec_id for f in files):  # an evolved spec: let pyiceberg plan it
+            return self.plan(table, row_filter)
+        from pyiceberg.schema import Schema
+
+        part_schema = Schema(*spec.partition_type(schema).fields)
+        keep = expression_evaluator(part_schema, inclusive_projection(schema, spec)(row_filter), True)
+        metrics = _InclusiveMetricsEvaluator(schema, row_filter, case_sensitive=True)
+        return [f for f in files if keep(f.partition) and metrics.eval(f)]
 
     def local_roots(self) -> list[str]:
         out = []
@@ -101,32 +132,63 @@ class IcebergLake:
                 out.append(loc)
         return out
 
+    def _file_sql(self, con: duckdb.DuckDBPyConnection, table: str, files: list[Any], name: str,
+                  registry: dict[str, Any]) -> str:
+        paths = [f.file_path for f in files]
+        if all(p.startswith("file://") or p.startswith("/") for p in paths):
+            local = [p[len("file://"):] if p.startswith("file://") else p for p in paths]
+            src = "read_parquet([" + ", ".join(_q(p) for p in local) + "], union_by_name = true)"
+        else:
+            fs, _ = ifl.location_fs(self.tables[table].location())
+            dataset = ds.dataset([_key(fs, p) for p in paths], filesystem=fs.fs, format="parquet",
+                                 schema=ic.arrow_schema(table))
+            con.register(name, dataset)
+            registry[name] = dataset
+            src = name
+        return select_sql(table, src)
+
+    def _there(self, table: str, files: list[Any]) -> list[Any]:
+        """The listed files that exist: one that is gone is read around, so the reader opens and verify
+        names it (a stat per local file; one listing per table on S3)."""
+        paths = [f.file_path for f in files]
+        if all(p.startswith("file://") or p.startswith("/") for p in paths):
+            return [f for f in files if os.path.exists(_key(None, f.file_path))]
+        fs, _ = ifl.location_fs(self.tables[table].location())
+        there = set(fs.list("data"))
+        return [f for f in files if _key(fs, f.file_path)[len(fs.base) + 1:] in there]
+
     def sources(self, con: duckdb.DuckDBPyConnection, n: int, registry: dict[str, Any]) -> dict[str, str]:
+        """The SQL each table's view reads: every live file of the snapshot read."""
+        self._n = n
         out: dict[str, str] = {}
         for table, files in self.files.items():
-            if not files:
-                continue
-            paths = [f.file_path for f in files]
-            if all(p.startswith("file://") or p.startswith("/") for p in paths):
-                local = [p[len("file://"):] if p.startswith("file://") else p for p in paths]
-                # a listed file that is gone is read around, so the reader opens and verify names it
-                local = [p for p in local if os.path.exists(p)]
-                if not local:
-                    continue
-                src = "read_parquet([" + ", ".join(_q(p) for p in local) + "], union_by_name = true)"
-            else:
-                fs, _ = ifl.location_fs(self.tables[table].location())
-                name = f"_ice{n}_{table}"
-                dataset = ds.dataset([p[len("s3://"):] for p in paths], filesystem=fs.fs, format="parquet",
-                                     schema=ic.arrow_schema(table))
-                con.register(name, dataset)
-                registry[name] = dataset
-                src = name
-            out[table] = select_sql(table, src)
+            files = self._there(table, files) if files else []
+            self.present[table] = {f.file_path for f in files}
+            if files:
+                out[table] = self._file_sql(con, table, files, f"_ice{n}_{table}", registry)
         floor = self.retained_before_ns()
         if floor is not None and RUN_TRACES in out:
             out[RUN_TRACES] = f"SELECT * FROM ({out[RUN_TRACES]}) WHERE last_start_unix_nano >= {floor}"
         return out
+
+    def scoped_source(self, con: duckdb.DuckDBPyConnection, table: str, column: str, values: Sequence[str],
+                      registry: dict[str, Any]) -> str | None:
+        """The SQL over only the files pyiceberg plans for these values (None: no file can hold them)."""
+        files = self.scoped_files(table, column, values)
+        if not files:
+            return None
+        key = (table, frozenset(f.file_path for f in files))
+        if key not in self._scoped:
+            if len(self._scoped) > 256:  # S3 datasets registered per file set: keep the set bounded
+                for name in [k for k in registry if k.startswith(f"_ices{self._n}_")]:
+                    registry.pop(name, None)
+                self._scoped.clear()
+            name = f"_ices{self._n}_{table}_{len(self._scoped)}"
+            sql = self._file_sql(con, table, files, name, registry)
+            if table == RUN_TRACES and (floor := self.retained_before_ns()) is not None:
+                sql = f"SELECT * FROM ({sql}) WHERE last_start_unix_nano >= {floor}"
+            self._scoped[key] = sql
+        return self._scoped[key]
 
     def rows(self) -> int:
         return sum(int(f.record_count) for files in self.files.values() for f in files)
@@ -136,7 +198,7 @@ class IcebergLake:
         tbl = self.tables.get("spans")
         if tbl is None:
             return []
-        out = []
+        out = list(json.loads((tbl.properties or {}).get("agenttape.retention", "[]")))  # kept past expiry
         for snap in tbl.metadata.snapshots:
             props = ifl.summary_props(snap)
             if "agenttape.retention" in props:
@@ -162,7 +224,7 @@ class IcebergLake:
         """Full path -> sha256 of each file, as the snapshots that added them recorded."""
         tbl = self.tables[table]
         base = tbl.location().rstrip("/")
-        out: dict[str, str] = {}
+        out: dict[str, str] = dict(json.loads((tbl.properties or {}).get(ifl.HASHES, "{}")))  # kept past expiry
         for snap in tbl.metadata.snapshots:
             props = ifl.summary_props(snap)
             for key, digest in json.loads(props.get(ifl.HASHES, "{}")).items():
@@ -191,7 +253,7 @@ class IcebergLake:
         return problems
 
 
-def _key(fs: LakeFS, path: str) -> str:
+def _key(fs: LakeFS | None, path: str) -> str:
     if path.startswith("file://"):
         return path[len("file://"):]
     if path.startswith("s3://"):

@@ -183,6 +183,32 @@ class LakeSet:
         return sum(len(c.files) for c in self.catalogs) + sum(len(v) for i in self.icebergs for v in i.files.values())
 
 
+class ScopedSources:
+    """A lookup by trace id (or run id) over an Iceberg lake reads only the files pyiceberg plans for those
+    ids, not the whole view: ``scoped(table, column, ids)`` is the SQL to read instead of ``table``."""
+
+    COLUMNS = {"trace_id": ("spans", "span_events", "span_links", "log_records", RUN_TRACES),
+               "run_id": (RUN_TRACES,)}
+
+    def __init__(self, reader: ConnectionReader, icebergs: Sequence[Any], plain: dict[str, list[str]]) -> None:
+        self.reader = reader
+        self.icebergs = list(icebergs)
+        self.plain = plain
+
+    def __call__(self, table: str, column: str, values: Sequence[str]) -> str | None:
+        """``(SELECT ...)`` over the files that can hold these values, or None to read the whole view."""
+        if table not in self.COLUMNS.get(column, ()) or not values or len(values) > 1000:
+            return None
+        sqls = list(self.plain.get(table, []))
+        for ice in self.icebergs:
+            sql = ice.scoped_source(self.reader.con, table, column, values, self.reader.registered)
+            if sql is not None:
+                sqls.append(sql)
+        if not sqls:  # no file can hold them: an empty relation of the view's columns
+            return f"(SELECT * FROM {table} WHERE false)"
+        return "(" + " UNION ALL BY NAME ".join(f"({s})" for s in sqls) + ")"
+
+
 def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
     """One reader over lakes (Iceberg catalogs by URL, folders with ``_manifest/`` or ``s3://`` URIs) and
     DuckDB files together."""
@@ -198,6 +224,7 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
     allowed: list[str] = []
     registry: dict[str, Any] = {}
     icebergs: list[Any] = []
+    plain: dict[str, list[str]] = {t: [] for t in parts}  # the parts that are not Iceberg tables
     try:
         for n, src in enumerate(os.fspath(s) for s in sources):
             if is_iceberg_uri(src):
@@ -230,6 +257,8 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
                 raise StoreError(f"{src} is neither a lake (a folder with _manifest/, or s3://...) nor a DuckDB file")
             for t, sql in found.items():
                 parts[t].append(sql)
+                if not is_iceberg_uri(src):
+                    plain[t].append(sql)
         for t, sqls in parts.items():
             if not sqls:
                 if t == RUN_TRACES:
@@ -258,6 +287,8 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
                               registered=registry)
     reader.lakes = LakeSet(catalogs, missing, icebergs)  # type: ignore[attr-defined]
     reader.run_index_view = RUN_TRACES  # type: ignore[attr-defined]
+    if icebergs:
+        reader.scoped_source = ScopedSources(reader, icebergs, plain)  # type: ignore[attr-defined]
     # the views read the files listed when the reader was opened, and a lake file is never rewritten (a
     # DuckDB file is attached read-only): what the reader answers cannot change while it is open, so the
     # read model keeps a runs page's keys under this version (tape/read/kept.store_version)
