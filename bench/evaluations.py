@@ -52,8 +52,11 @@ def evaluate_stored(db: str, ev, runs: int) -> tuple[float, object, float]:
     again = evaluate_store(db, ev, limit=runs)
     rerun = time.perf_counter() - start
     assert (again.evaluated, again.skipped) == (0, summary.evaluated), again.to_json()
+    from otel_agenttape.tape.evaluate import by_evaluator
+
     with otel_agenttape.open(db) as tapes:
-        stored = tapes.sql("SELECT count(*) AS n FROM scores WHERE source = ?", [ev.source]).to_pylist()[0]["n"]
+        where, params = by_evaluator(tapes, ev)
+        stored = tapes.sql(f"SELECT count(*) AS n FROM scores WHERE {where}", params).to_pylist()[0]["n"]
     assert stored == summary.evaluated, (stored, summary.to_json())
     return seconds, summary, rerun
 

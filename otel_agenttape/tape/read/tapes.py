@@ -147,8 +147,10 @@ class Tapes:
             self._memo, self._memo_version = {}, version
         known: dict[str, tuple[Any, int, int]] = self._memo.setdefault(("cost of runs",), {})
         todo = [r for r in runs if r.ref not in known]
-        price_summaries(self.reader, todo, self.prices)
-        keep = store_version(self.reader) == version  # not written to meanwhile
+        keep = False
+        if todo:
+            price_summaries(self.reader, todo, self.prices)
+            keep = store_version(self.reader) == version  # not written to meanwhile
         for r in runs:
             if keep and r.ref not in known:
                 known[r.ref] = (r.cost_usd, r.priced_calls, r.unpriced_calls)
