@@ -28,17 +28,22 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
                           env=env, timeout=120)
 
 
-def _instrumented(db: str, app: str, *args: str, **variables: str) -> subprocess.CompletedProcess[str]:
+def _instrumented(db: str, app: str, *args: str, calls: list | None = None,
+                  **variables: str) -> subprocess.CompletedProcess[str]:
     """Run ``app`` (a test app with no telemetry code) under ``opentelemetry-instrument`` with our
-    distro, against a fake OpenAI server, into a fresh `agenttape serve` on ``db`` (stopped after)."""
+    distro, against a fake OpenAI server, into a fresh `agenttape serve` on ``db`` (stopped after);
+    the requests the fake server got go into ``calls``."""
     proc, info = serve(db)
     env = free_env()
     try:
         with FakeOpenAI() as fake:
             app_env = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=info["url"], OTEL_PYTHON_DISTRO="agenttape",
                            PYTHONPATH=os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")]), **variables)
-            return subprocess.run([sys.executable, INSTRUMENT, sys.executable, str(HERE / app), fake.base_url, *args],
+            done = subprocess.run([sys.executable, INSTRUMENT, sys.executable, str(HERE / app), fake.base_url, *args],
                                   capture_output=True, text=True, env=app_env, timeout=180)
+            if calls is not None:
+                calls.extend(fake.requests)
+            return done
     finally:
         code, err = stop(proc)
         assert code == 0, err
@@ -71,21 +76,30 @@ def test_an_instrumented_openai_app_records_sealed_runs(tmp_path):
 
 
 @pytest.mark.skipif(INSTRUMENT is None, reason="opentelemetry-instrument is not installed")
-def test_an_instrumented_langgraph_app_records_one_sealed_run_with_its_question_and_answer(tmp_path):
+def test_an_instrumented_langgraph_app_records_one_sealed_run_with_each_model_call_once(tmp_path):
     db = str(tmp_path / "graph.duckdb")
-    # the OpenAI SDK's own instrumentation would record each ChatOpenAI call again, as a trace of its
-    # own (OpenInference's LangChain spans are not made current for the SDK call)
-    app = _instrumented(db, "zero_code_langgraph_app.py", "Weather in Lyon?", OTEL_SERVICE_NAME="graph",
-                        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai")
+    calls: list = []
+    # the default choice enables both OpenInference's LangChain and the OpenAI SDK instrumentation; the
+    # app also asks one question through the SDK directly, outside LangChain
+    app = _instrumented(db, "zero_code_langgraph_app.py", "Weather in Lyon?", "Weather in Oslo?", calls=calls,
+                        OTEL_SERVICE_NAME="graph")
     assert app.returncode == 0, app.stderr
-    assert "57F in Lyon" in app.stdout
+    assert "57F in Lyon" in app.stdout and "Oslo" in app.stdout
     assert "openinference-instrumentation-langchain" in app.stderr  # the startup line names it
     env = free_env()
     runs = _cli("runs", "--db", db, "--json", env=env)
     assert runs.returncode == 0, runs.stderr
     listed = json.loads(runs.stdout)
-    roots = [r for r in listed if not r.get("parent_ref")]
-    assert len(roots) == 1, listed  # the graph is one run, its nodes and agents below it
+    # one model call recorded per request the model server got: three in the graph, one direct
+    assert len(calls) == 4 and sum(r["model_calls"] for r in listed) == 4, listed
+    assert "recorded once" in app.stderr  # and the startup line says so
+    graphs = [r for r in listed if not r.get("parent_ref") and r["source"] == "langgraph"]
+    assert len(graphs) == 1, listed  # the graph is one run, its nodes and agents below it
+    roots = graphs
+    direct = [r for r in listed if not r.get("parent_ref") and r is not graphs[0]]
+    assert len(direct) == 1 and direct[0]["model_calls"] == 1, listed  # the SDK call outside LangChain
+    oslo = _cli("replay", "--db", db, direct[0]["ref"], "--json", env=env)
+    assert "Weather in Oslo?" in oslo.stdout, oslo.stdout + oslo.stderr
     replay = _cli("replay", "--db", db, roots[0]["ref"], "--tree", "--json", env=env)
     assert replay.returncode == 0, replay.stderr
     tree = json.loads(replay.stdout)

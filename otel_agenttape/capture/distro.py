@@ -27,6 +27,7 @@ from typing import Any, Iterable, Sequence
 from opentelemetry.instrumentation.distro import BaseDistro
 
 from otel_agenttape.capture import instrumentations as inst
+from otel_agenttape.capture import model_calls
 from otel_agenttape.capture.settings import Settings, SettingsError, resolve
 
 _log = logging.getLogger("otel_agenttape.distro")
@@ -50,6 +51,7 @@ class _Process:
     failed: list[tuple[inst.Instrumentation, str]] = field(default_factory=list)
     applied: dict[str, str] = field(default_factory=dict)
     kept: dict[str, str] = field(default_factory=dict)
+    dedup: bool = False  # SDK spans skipped inside a framework's model calls (model_calls)
     prepared: bool = False
     announced: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -104,6 +106,12 @@ def describe(settings: Settings, *, enabled: Sequence[inst.Instrumentation] = ()
         parts.append("left out " + ", ".join(dupes) + " (another package instruments the same library)")
     if failed:
         parts.append("failed " + ", ".join(f"{i.label()}: {why}" for i, why in failed))
+    libraries = [i.library for i in enabled]
+    if model_calls.overlapping(libraries):
+        frameworks = sorted(set(libraries) & model_calls.FRAMEWORK_LIBRARIES)
+        sdks = sorted(set(libraries) & model_calls.PROVIDER_LIBRARIES)
+        parts.append(f"model calls made through {', '.join(frameworks)} recorded once, by its instrumentation "
+                     f"({', '.join(sdks)} spans skipped inside them)")
     return "; ".join(parts)
 
 
@@ -168,6 +176,7 @@ def _prepare(settings: Settings, libraries: Iterable[str] | None = None) -> None
         return
     p.prepared = True
     p.chosen, p.skipped = planned(settings, libraries=libraries)
+    p.dedup = model_calls.overlapping([i.library for i in p.chosen])
     if settings.values["capture_content"]:
         p.applied, p.kept = inst.apply_content_defaults(p.chosen)
 
@@ -235,10 +244,27 @@ class AgentTapeDistro(BaseDistro):
         if why is not None and _PROCESS.prepared:
             _log.debug("not instrumenting %s (%s): %s", entry_point.name, entry_point.value, why)
             return
-        super().load_instrumentor(entry_point, **kwargs)
         chosen = next((i for i in _PROCESS.chosen if i.key == key), None)
         if chosen is not None and chosen.family is not None:
+            kwargs = dict(kwargs, **_instrument_kwargs(chosen))
+        super().load_instrumentor(entry_point, **kwargs)
+        if chosen is not None and chosen.family is not None:
+            _after_instrumented(chosen)
             _PROCESS.loaded.append(chosen)
+
+
+def _instrument_kwargs(item: inst.Instrumentation) -> dict[str, Any]:
+    """Extra ``instrument()`` keywords: a provider SDK instrumentation beside a framework one records
+    through the tracer provider that skips calls the framework records (``model_calls``)."""
+    p = _PROCESS
+    if not p.dedup or item.library not in model_calls.PROVIDER_LIBRARIES or p.tape is None:
+        return {}
+    return {"tracer_provider": model_calls.DedupTracerProvider(p.tape.tracer_provider)}
+
+
+def _after_instrumented(item: inst.Instrumentation) -> None:
+    if _PROCESS.dedup and item.library in ("langchain", "langgraph"):
+        model_calls.hook_langchain()
 
 
 class AgentTapeConfigurator:
@@ -304,7 +330,13 @@ def register(endpoint: str | None = None, protocol: str | None = None, *, servic
         kwargs: dict[str, Any] = {"tracer_provider": tape.tracer_provider}
         if p.logger_provider is not None:
             kwargs["logger_provider"] = p.logger_provider
-        p.loaded, p.failed = inst.enable([i for i in p.chosen], **kwargs)
+        p.loaded, p.failed = [], []
+        for item in p.chosen:
+            done, failed = inst.enable([item], **dict(kwargs, **_instrument_kwargs(item)))
+            for d in done:
+                _after_instrumented(d)
+            p.loaded += done
+            p.failed += failed
         p.distro = True  # loaded is what we enabled
     announce()
     return tape
