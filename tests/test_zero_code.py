@@ -28,18 +28,20 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
                           env=env, timeout=120)
 
 
-def _instrumented(db: str, app: str, *args: str, calls: list | None = None,
+def _instrumented(db: str, app: str, *args: str, calls: list | None = None, instrument: bool = True,
                   **variables: str) -> subprocess.CompletedProcess[str]:
     """Run ``app`` (a test app with no telemetry code) under ``opentelemetry-instrument`` with our
-    distro, against a fake OpenAI server, into a fresh `agenttape serve` on ``db`` (stopped after);
-    the requests the fake server got go into ``calls``."""
+    distro (``instrument=False``: plain python), against a fake OpenAI server, into a fresh `agenttape
+    serve` on ``db`` (stopped after); the requests the fake server got go into ``calls``."""
     proc, info = serve(db)
     env = free_env()
     try:
         with FakeOpenAI() as fake:
             app_env = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=info["url"], OTEL_PYTHON_DISTRO="agenttape",
-                           PYTHONPATH=os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")]), **variables)
-            done = subprocess.run([sys.executable, INSTRUMENT, sys.executable, str(HERE / app), fake.base_url, *args],
+                           PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE), env.get("PYTHONPATH", "")]),
+                           **variables)
+            runner = [sys.executable, INSTRUMENT] if instrument else []
+            done = subprocess.run([*runner, sys.executable, str(HERE / app), fake.base_url, *args],
                                   capture_output=True, text=True, env=app_env, timeout=180)
             if calls is not None:
                 calls.extend(fake.requests)
@@ -56,12 +58,18 @@ def test_an_instrumented_openai_app_records_sealed_runs(tmp_path):
     assert app.returncode == 0, app.stderr
     assert "57" in app.stdout  # the app itself ran as without instrumentation
     assert "agenttape" in app.stderr and "seal" in app.stderr.lower()  # the one startup line
+    _assert_sealed_weather_runs(db, "weather")
+
+
+def _assert_sealed_weather_runs(db: str, agent: str) -> None:
+    """The OpenAI app's two chat calls are two runs of ``agent`` that replay their prompt and answer,
+    verify, and fail verification once a row is altered."""
     env = free_env()
     runs = _cli("runs", "--db", db, "--json", env=env)
     assert runs.returncode == 0, runs.stderr
     listed = [json.loads(line) for line in runs.stdout.splitlines() if line.strip()]
     listed = listed[0] if len(listed) == 1 and isinstance(listed[0], list) else listed
-    weather = [r for r in listed if r.get("agent") == "weather"]
+    weather = [r for r in listed if r.get("agent") == agent]
     assert len(weather) == 2, listed  # two chat calls with no span around them: two runs
     replays = [_cli("replay", "--db", db, r["ref"], "--json", env=env) for r in weather]
     texts = "\n".join(r.stdout for r in replays)
@@ -73,6 +81,24 @@ def test_an_instrumented_openai_app_records_sealed_runs(tmp_path):
                     "WHERE attributes LIKE '%57F%'")
     tampered = _cli("verify", "--db", db, env=env)
     assert tampered.returncode == 1, tampered.stdout + tampered.stderr
+
+
+def test_register_in_code_records_sealed_runs_like_the_zero_code_path(tmp_path):
+    db = str(tmp_path / "inline.duckdb")
+    app = _instrumented(db, "zero_code_register_app.py", instrument=False)
+    assert app.returncode == 0, app.stderr
+    assert "same tape" in app.stdout and "57" in app.stdout
+    assert "agenttape: recording sealed tapes" in app.stderr and "opentelemetry-instrumentation-genai-openai" in app.stderr
+    import otel_agenttape  # read in-process, through the read API the CLI calls
+
+    with otel_agenttape.open(db) as tapes:
+        runs = tapes.runs(agent="inline").runs
+        assert len(runs) == 2 and all(r.model_calls == 1 for r in runs), runs
+        texts = json.dumps([tapes.replay(r.ref) for r in runs])
+        assert "Weather in Paris?" in texts and "It is 57F in Paris." in texts
+        chains = tapes.verify()
+        assert {c["chain_id"] for c in chains} == {r.tape_id for r in runs}, chains  # each run its sealed tape
+        assert all(c["valid"] for c in chains), chains
 
 
 @pytest.mark.skipif(INSTRUMENT is None, reason="opentelemetry-instrument is not installed")
