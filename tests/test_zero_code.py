@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -159,3 +161,68 @@ def test_doctor_shows_what_an_instrumented_process_would_record(tmp_path):
                env=dict(env, AGENTTAPE_MAX_REQUEST_BYTES="lots"))
     zero = {c["name"]: c for c in json.loads(bad.stdout)}["zero-code configuration"]
     assert zero["status"] == "FAIL" and "AGENTTAPE_MAX_REQUEST_BYTES" in zero["detail"]
+
+
+@pytest.mark.skipif(INSTRUMENT is None, reason="opentelemetry-instrument is not installed")
+def test_an_instrumented_app_killed_with_the_receiver_down_loses_nothing_it_sealed(tmp_path):
+    from capture_servers import free_port, serve_process
+    from test_faults_capture import outbox_keys
+
+    box, db = tmp_path / "outbox", str(tmp_path / "crash.duckdb")
+    http_port, grpc_port = free_port(), free_port()
+    with FakeOpenAI() as fake:
+        env = dict(free_env(), OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{http_port}", OTEL_PYTHON_DISTRO="agenttape",
+                   OTEL_SERVICE_NAME="crash", AGENTTAPE_OUTBOX=str(box), AGENTTAPE_TIMEOUT="1",
+                   PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+
+        def app(*args: str) -> subprocess.Popen:
+            return subprocess.Popen([sys.executable, INSTRUMENT, sys.executable, str(HERE / "zero_code_openai_app.py"),
+                                     fake.base_url, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=env)
+
+        first = app("--hold")  # no receiver on the port yet
+        try:
+            for line in first.stdout:
+                if line.startswith("held"):
+                    break
+            else:
+                raise AssertionError(first.stderr.read())
+            deadline = time.monotonic() + 60  # both traces sealed and written to the outbox
+            while len({t for t, _ in outbox_keys(box)} if box.exists() else ()) < 2:
+                assert time.monotonic() < deadline and first.poll() is None, first.stderr.read()
+                time.sleep(0.1)
+            os.kill(first.pid, signal.SIGKILL)  # mid-run: the app holds, nothing flushed at exit
+            first.wait(10)
+        finally:
+            if first.poll() is None:
+                first.kill()
+        kept = set(outbox_keys(box))
+        assert len(kept) >= 2
+        server, info = serve_process(db, http_port, grpc_port)
+        try:
+            second = app("--city", "Lyon")  # the next process with this outbox re-sends what the first kept
+            out, err = second.communicate(timeout=120)
+            assert second.returncode == 0, err
+            deadline = time.monotonic() + 60
+            while not kept <= set(_stored(info["url"])):
+                assert time.monotonic() < deadline, (kept, _stored(info["url"]))
+                time.sleep(0.2)
+        finally:
+            code, err = stop(server)
+        assert code == 0, err
+    env = free_env()
+    listed = json.loads(_cli("runs", "--db", db, "--json", env=env).stdout)
+    paris = [r for r in listed if r["trace_id"] in {t for t, _ in kept}]
+    assert len(paris) == 2 and all(r["agent"] == "crash" for r in paris), listed
+    texts = "".join(_cli("replay", "--db", db, r["ref"], "--json", env=env).stdout for r in paris)
+    assert "Weather in Paris?" in texts and "It is 57F in Paris." in texts
+    verified = _cli("verify", "--db", db, "--json", env=env)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    chains = json.loads(verified.stdout)["chains"]
+    assert {r["tape_id"] for r in paris} <= {c["chain_id"] for c in chains if c["valid"]}, chains
+
+
+def _stored(url: str) -> list[tuple[str, str]]:
+    from test_faults_capture import stored
+
+    return stored(url)
