@@ -164,9 +164,11 @@ def test_doctor_shows_what_an_instrumented_process_would_record(tmp_path):
 
 
 @pytest.mark.skipif(INSTRUMENT is None, reason="opentelemetry-instrument is not installed")
-def test_an_instrumented_app_killed_with_the_receiver_down_loses_nothing_it_sealed(tmp_path):
+def test_an_instrumented_app_killed_with_the_receiver_down_loses_nothing_it_sealed_or_logged(tmp_path):
     from capture_servers import free_port, serve_process
     from test_faults_capture import outbox_keys
+
+    from otel_agenttape import outboxfile
 
     box, db = tmp_path / "outbox", str(tmp_path / "crash.duckdb")
     http_port, grpc_port = free_port(), free_port()
@@ -175,20 +177,24 @@ def test_an_instrumented_app_killed_with_the_receiver_down_loses_nothing_it_seal
                    OTEL_SERVICE_NAME="crash", AGENTTAPE_OUTBOX=str(box), AGENTTAPE_TIMEOUT="1",
                    PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
 
-        def app(*args: str) -> subprocess.Popen:
+        def app(*args: str, **more: str) -> subprocess.Popen:
             return subprocess.Popen([sys.executable, INSTRUMENT, sys.executable, str(HERE / "zero_code_openai_app.py"),
                                      fake.base_url, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=env)
+                                    env=dict(env, **more))
 
-        first = app("--hold")  # no receiver on the port yet
+        def logs_kept() -> int:
+            return sum(r.items for r in outboxfile.read_outbox(box / outboxfile.LOGS_FOLDER))
+
+        # no receiver on the port yet; the app's Python logging bridged into log records
+        first = app("--hold", "--warnings", OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED="true")
         try:
             for line in first.stdout:
                 if line.startswith("held"):
                     break
             else:
                 raise AssertionError(first.stderr.read())
-            deadline = time.monotonic() + 60  # both traces sealed and written to the outbox
-            while len({t for t, _ in outbox_keys(box)} if box.exists() else ()) < 2:
+            deadline = time.monotonic() + 60  # both traces sealed and both log records written to the outbox
+            while len({t for t, _ in outbox_keys(box)} if box.exists() else ()) < 2 or logs_kept() < 2:
                 assert time.monotonic() < deadline and first.poll() is None, first.stderr.read()
                 time.sleep(0.1)
             os.kill(first.pid, signal.SIGKILL)  # mid-run: the app holds, nothing flushed at exit
@@ -197,16 +203,18 @@ def test_an_instrumented_app_killed_with_the_receiver_down_loses_nothing_it_seal
             if first.poll() is None:
                 first.kill()
         kept = set(outbox_keys(box))
-        assert len(kept) >= 2
+        assert len(kept) >= 2 and logs_kept() == 2
         server, info = serve_process(db, http_port, grpc_port)
         try:
             second = app("--city", "Lyon")  # the next process with this outbox re-sends what the first kept
             out, err = second.communicate(timeout=120)
             assert second.returncode == 0, err
             deadline = time.monotonic() + 60
-            while not kept <= set(_stored(info["url"])):
-                assert time.monotonic() < deadline, (kept, _stored(info["url"]))
+            while not kept <= set(_stored(info["url"])) or len(_logged(info["url"])) < 2:
+                assert time.monotonic() < deadline, (kept, _stored(info["url"]), _logged(info["url"]))
                 time.sleep(0.2)
+            logged = _logged(info["url"])
+            assert sorted(logged) == ["answered: It is 57F in Paris.", "the model asked for a tool in Paris"], logged
         finally:
             code, err = stop(server)
         assert code == 0, err
@@ -226,3 +234,43 @@ def _stored(url: str) -> list[tuple[str, str]]:
     from test_faults_capture import stored
 
     return stored(url)
+
+
+def _logged(url: str) -> list[str]:
+    """The bodies of the log records of the app's own logger the receiver stored."""
+    import httpx
+    import pyarrow as pa
+
+    r = httpx.post(f"{url}/api/query", json={"sql": "SELECT body FROM log_records WHERE scope_name = 'weather'"},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    bodies = [json.loads(b) if isinstance(b, str) else b for b in pa.ipc.open_stream(r.content).read_all().column(0).to_pylist()]
+    return [b.get("s") for b in bodies]  # typed JSON: a string body is {"s": text}
+
+
+def test_log_records_the_receiver_does_not_take_are_kept_counted_and_ingested(tmp_path):
+    from capture_servers import free_port
+    from opentelemetry._logs import LogRecord
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
+
+    from otel_agenttape.capture.log_export import TapeLogExporter
+    from otel_agenttape.receiver.files import ingest_files
+
+    box, db = tmp_path / "outbox", str(tmp_path / "logs.duckdb")
+    exporter = TapeLogExporter(OTLPLogExporter(endpoint=f"http://127.0.0.1:{free_port()}/v1/logs", timeout=0.5),
+                               outbox=box)
+    provider = LoggerProvider(shutdown_on_exit=False)
+    provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
+    logger = provider.get_logger("weather")
+    for text in ("first", "second"):
+        logger.emit(LogRecord(body=text, event_name="weather.said"))
+    provider.shutdown()
+    stats = exporter.stats()
+    assert stats["logs_to_outbox"] == 2 and stats["logs_outbox_pending"] == 2 and stats["logs_exported"] == 0, stats
+    summary = ingest_files([str(box)], db)  # `agenttape ingest OUTBOX` reads the log lanes too
+    assert summary["logs"] == 2 and summary["spans"] == 0, summary
+    with duckdb.connect(db, read_only=True) as con:
+        bodies = sorted(json.loads(b)["s"] for (b,) in con.execute("SELECT body FROM log_records").fetchall())
+    assert bodies == ["first", "second"]

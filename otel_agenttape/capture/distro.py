@@ -28,6 +28,8 @@ from opentelemetry.instrumentation.distro import BaseDistro
 
 from otel_agenttape.capture import instrumentations as inst
 from otel_agenttape.capture import model_calls
+from otel_agenttape.capture.log_export import LOST as _LOGS_LOST
+from otel_agenttape.capture.log_export import TapeLogExporter
 from otel_agenttape.capture.settings import Settings, SettingsError, resolve
 
 _log = logging.getLogger("otel_agenttape.distro")
@@ -42,6 +44,7 @@ class _Process:
 
     tape: Any = None
     logger_provider: Any = None
+    log_exporter: TapeLogExporter | None = None
     settings: Settings | None = None
     origin: str = ""
     distro: bool = False
@@ -64,13 +67,49 @@ def _say(text: str, settings: Settings | None = None, *, warn: bool = False) -> 
     """One line on stderr (through logging when the app configured it), unless AGENTTAPE_QUIET."""
     if settings is not None and settings.values.get("quiet") and not warn:
         return
-    if not _log.handlers and not logging.getLogger().handlers:
+    if not _log.handlers and not [h for h in logging.getLogger().handlers if not isinstance(h, _BridgeFilter.kinds())]:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
         _log.addHandler(handler)
         _log.setLevel(logging.INFO)
         _log.propagate = False
     (_log.warning if warn else _log.info)(text)
+
+
+class _BridgeFilter(logging.Filter):
+    """Python logging bridged into log records, except our own and the SDK's (no export feedback)."""
+
+    @staticmethod
+    def kinds() -> tuple[type, ...]:
+        try:
+            from opentelemetry.sdk._logs import LoggingHandler
+        except Exception:
+            return ()
+        return (LoggingHandler,)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(("otel_agenttape", "opentelemetry"))
+
+
+BRIDGE_ENV = "OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED"
+
+
+def _bridges_logging() -> bool:
+    return os.environ.get(BRIDGE_ENV, "").strip().lower() == "true"
+
+
+def _bridge_logging(provider: Any) -> None:
+    """``OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED=true``: the SDK's LoggingHandler on the root
+    logger, as the stock configurator sets it up (the records then go through our log exporter)."""
+    import warnings
+
+    from opentelemetry.sdk._logs import LoggingHandler
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        handler = LoggingHandler(level=logging.NOTSET, logger_provider=provider)
+    handler.addFilter(_BridgeFilter())
+    logging.getLogger().addHandler(handler)
 
 
 # ---- the description both the startup line and doctor print -----------------------------------------
@@ -89,7 +128,11 @@ def describe(settings: Settings, *, enabled: Sequence[inst.Instrumentation] = ()
     redact = v["redact"]
     parts.append("redaction " + ("of the built-in patterns" if redact is True else
                                  f"of {', '.join(redact)}" if redact else "off"))
-    parts.append(f"logs to {settings.logs_endpoint()}" if v["logs"] else "logs off")
+    if v["logs"]:
+        parts.append(f"logs to {settings.logs_endpoint()}" + (f" (through the outbox {v['outbox']}/logs)" if v["outbox"] else "")
+                     + (f", Python logging bridged ({BRIDGE_ENV})" if _bridges_logging() else ""))
+    else:
+        parts.append("logs off")
     parts.append(f"requests at most {v['max_request_bytes']} bytes, exit flush at most {v['shutdown_timeout']:g} s")
     if applied or kept:
         content = [f"{k}={val}" for k, val in (applied or {}).items()]
@@ -125,7 +168,8 @@ def planned(settings: Settings, *, libraries: Iterable[str] | None = None,
 # ---- building the providers ----------------------------------------------------------------------------
 
 def _logger_provider(settings: Settings, resource: Any) -> Any:
-    """A logger provider exporting to the receiver (the GenAI log events), global, shut down by us."""
+    """A logger provider exporting to the receiver (the GenAI log events, bridged Python logging) through
+    the outbox like spans (``log_export``), global, shut down by us."""
     from opentelemetry import _logs
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
@@ -155,9 +199,12 @@ def _logger_provider(settings: Settings, resource: Any) -> Any:
         if "compression" in own:
             kwargs["compression"] = Compression(own["compression"])
         exporter = OTLPLogExporter(**kwargs)
+    wrapped = TapeLogExporter(exporter, outbox=v["outbox"], max_request_bytes=v["max_request_bytes"],
+                              outbox_options={"max_bytes": v["outbox_max_bytes"]} if v["outbox_max_bytes"] else None)
+    _PROCESS.log_exporter = wrapped
     provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
     provider.add_log_record_processor(BatchLogRecordProcessor(
-        exporter, export_timeout_millis=max(1.0, v["shutdown_timeout"] * 1000)))
+        wrapped, export_timeout_millis=max(1.0, v["shutdown_timeout"] * 1000)))
     _logs.set_logger_provider(provider)
     try:  # the older GenAI instrumentations write their events through the Events API
         from opentelemetry import _events
@@ -193,6 +240,8 @@ def _build(settings: Settings, origin: str) -> Any:
     if settings.values["logs"]:
         try:
             p.logger_provider = _logger_provider(settings, tape.tracer_provider.resource)
+            if _bridges_logging():
+                _bridge_logging(p.logger_provider)
         except Exception as exc:  # spans still record; say why logs do not
             _say(f"agenttape: log records are not exported: {type(exc).__name__}: {exc}", warn=True)
     atexit.register(_at_exit)
@@ -352,24 +401,35 @@ def _at_exit() -> None:
         return
     budget = float(settings.values["shutdown_timeout"])
     start = time.monotonic()
+    logs = None
+    if p.logger_provider is not None:  # log records flush beside the spans, within the same budget
+        logs = threading.Thread(target=_quiet(p.logger_provider.shutdown), name="agenttape-logs-exit", daemon=True)
+        logs.start()
     try:
         tape.shutdown()  # bounded by the queue's shutdown timeout; leftovers go to the outbox or are counted
     except Exception:
         pass
-    if p.logger_provider is not None:
-        t = threading.Thread(target=_quiet(p.logger_provider.shutdown), name="agenttape-logs-exit", daemon=True)
-        t.start()
-        t.join(max(0.5, budget - (time.monotonic() - start)))
+    if logs is not None:
+        left = budget - (time.monotonic() - start)
+        logs.join(max(0.2, left * 0.8))
+        if logs.is_alive() and p.log_exporter is not None:  # out of time: what is left goes to the outbox
+            p.log_exporter.stop_sending()
+            logs.join(max(0.3, budget - (time.monotonic() - start)))
     try:
         stats = tape.stats()
     except Exception:
         return
     lost = {k: stats.get(k, 0) for k in _LOST if stats.get(k, 0)}
     kept = stats.get("outbox_spans_pending", 0)
-    if lost or kept:
-        text = (f"agenttape: at exit {stats.get('spans_exported', 0)} spans delivered"
-                + (f", {kept} kept in the outbox {settings.values['outbox']} (re-sent by the next process "
-                   f"with this outbox or `agenttape ingest`)" if kept else "")
+    log_stats = p.log_exporter.stats() if p.log_exporter is not None else {}
+    lost.update({k: log_stats[k] for k in _LOGS_LOST if log_stats.get(k)})
+    kept_logs = log_stats.get("logs_outbox_pending", 0)
+    if lost or kept or kept_logs:
+        held = ", ".join(x for x in (f"{kept} spans" if kept else "", f"{kept_logs} log records" if kept_logs else "") if x)
+        text = (f"agenttape: at exit {stats.get('spans_exported', 0)} spans"
+                + (f" and {log_stats.get('logs_exported', 0)} log records" if log_stats else "") + " delivered"
+                + (f", {held} kept in the outbox {settings.values['outbox']} (re-sent by the next process "
+                   f"with this outbox or `agenttape ingest`)" if held else "")
                 + (", not delivered: " + ", ".join(f"{k}={n}" for k, n in lost.items()) if lost else ""))
         _say(text, settings, warn=bool(lost))
 
