@@ -39,7 +39,7 @@ _MARK: ContextVar[tuple[UUID, ...]] = ContextVar("agenttape_framework_model_call
 _LIVE: set[UUID] = set()
 _LIVE_LOCK = threading.Lock()
 _HOOKED = False
-suppressed = 0  # SDK spans not recorded because a framework recorded the call (doctor, tests)
+suppressed = 0  # SDK spans not recorded because a framework recorded the call (for debugging)
 
 
 def in_framework_call() -> bool:
