@@ -175,11 +175,12 @@ APP = textwrap.dedent("""
             client.chat.completions.create(model="gpt-test", messages=MESSAGES, tools=TOOLS)
     run(max(20, calls // 10))
     flush()
-    t0 = time.process_time()
+    t0, p0 = time.process_time(), time.thread_time()
     run(calls)
+    p1 = time.thread_time()
     flush()
     cpu = time.process_time() - t0
-    out = {"cpu_us": cpu * 1e6 / calls}
+    out = {"cpu_us": cpu * 1e6 / calls, "app_thread_us": (p1 - p0) * 1e6 / calls}
     if mode == "zero_code":
         from otel_agenttape.capture.distro import configured_tape
         out["stats"] = configured_tape().stats()
@@ -217,6 +218,7 @@ def zero_code(calls: int, rounds: int, split: bool = False) -> None:
             ways["zero_code_unsealed"] = (ways["zero_code"][0], dict(ways["zero_code"][1], AGENTTAPE_SEAL="false"))
             ways["zero_code_no_logs"] = (ways["zero_code"][0], dict(ways["zero_code"][1], AGENTTAPE_LOGS="false"))
         results: dict[str, list[float]] = {k: [] for k in ways}
+        in_app: dict[str, list[float]] = {k: [] for k in ways}
         stats: dict = {}
         order = list(ways)
         for i in range(rounds):
@@ -228,6 +230,7 @@ def zero_code(calls: int, rounds: int, split: bool = False) -> None:
                     raise SystemExit(f"{key} app failed: {done.stderr[-2000:]}")
                 out = json.loads(done.stdout.strip().splitlines()[-1])
                 results[key].append(out["cpu_us"])
+                in_app[key].append(out["app_thread_us"])
                 if key == "zero_code":
                     stats = out["stats"]
             print(f"round {i + 1}: " + " ".join(f"{k}_us={v[-1]:.1f}" for k, v in results.items()), flush=True)
@@ -238,7 +241,9 @@ def zero_code(calls: int, rounds: int, split: bool = False) -> None:
               f"(calls {calls} + warm-up) outbox_spans_written={stats.get('outbox_spans_written')}")
         med = {k: statistics.median(v) for k, v in results.items()}
         for key in ways:
-            print(f"{key}: cpu_us_per_call={med[key]:.1f} telemetry_us={med[key] - med['bare']:.1f}")
+            app_thread = statistics.median(in_app[key])
+            print(f"{key}: cpu_us_per_call={med[key]:.1f} telemetry_us={med[key] - med['bare']:.1f} "
+                  f"app_thread_us={app_thread:.1f} other_threads_us={med[key] - app_thread:.1f}")
         telemetry = (med["zero_code"] - med["bare"]) / max(1e-9, med["stock"] - med["bare"])
         print(f"zero_code ratio={med['zero_code'] / med['stock']:.3f} stock_us={med['stock']:.1f} "
               f"zero_code_us={med['zero_code']:.1f} bare_us={med['bare']:.1f} telemetry_ratio={telemetry:.3f}")
