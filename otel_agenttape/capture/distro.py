@@ -7,7 +7,9 @@ GenAI instrumentation a library and turns their content capture on), ``AgentTape
 redaction, plus a logger provider to the same receiver), the instrumentations, then ``announce`` (one
 line on stderr saying what is on). ``register()`` does the same from code and returns the ``Tape``.
 At exit everything is flushed within ``AGENTTAPE_SHUTDOWN_TIMEOUT``; what could not be sent goes to
-the outbox or is counted and said, and the app never waits longer.
+the outbox or is counted and said, and the app never waits longer. Log records go through the outbox
+too (``log_export``); a provider SDK instrumentation beside a framework's records each model call once
+(``model_calls``).
 
 Every option and its variable: ``otel_agenttape.capture.settings`` (``agenttape doctor`` prints the
 same resolution).
@@ -110,6 +112,12 @@ def _bridge_logging(provider: Any) -> None:
         handler = LoggingHandler(level=logging.NOTSET, logger_provider=provider)
     handler.addFilter(_BridgeFilter())
     logging.getLogger().addHandler(handler)
+    try:  # so the app's own logging.basicConfig() still configures the console (the SDK does the same)
+        from opentelemetry.sdk._configuration import _overwrite_logging_config_fns
+
+        _overwrite_logging_config_fns(handler)
+    except Exception:
+        pass
 
 
 # ---- the description both the startup line and doctor print -----------------------------------------
