@@ -248,7 +248,7 @@ def _logged(url: str) -> list[str]:
     return [b.get("s") for b in bodies]  # typed JSON: a string body is {"s": text}
 
 
-def test_log_records_the_receiver_does_not_take_are_kept_counted_and_ingested(tmp_path):
+def test_log_records_the_receiver_does_not_take_are_kept_counted_and_ingested(tmp_path, monkeypatch):
     from capture_servers import free_port
     from opentelemetry._logs import LogRecord
     from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
@@ -269,6 +269,11 @@ def test_log_records_the_receiver_does_not_take_are_kept_counted_and_ingested(tm
     provider.shutdown()
     stats = exporter.stats()
     assert stats["logs_to_outbox"] == 2 and stats["logs_outbox_pending"] == 2 and stats["logs_exported"] == 0, stats
+    from otel_agenttape.doctor import diagnose
+
+    monkeypatch.setenv("AGENTTAPE_OUTBOX", str(box))
+    check = next(c for c in diagnose(str(tmp_path / "none.duckdb")) if c.name == "outbox")
+    assert check.ok and check.data["log_records"] == 2 and "2 log records waiting" in check.detail, check
     summary = ingest_files([str(box)], db)  # `agenttape ingest OUTBOX` reads the log lanes too
     assert summary["logs"] == 2 and summary["spans"] == 0, summary
     with duckdb.connect(db, read_only=True) as con:
