@@ -164,7 +164,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ingest", help="load OTLP JSON / JSON lines / protobuf files (.gz too) into the store")
     p.add_argument("files", nargs="+", metavar="FILE",
-                   help="an OTLP file, or an outbox folder (its records not yet acknowledged)")
+                   help="an OTLP file, or an outbox folder (its spans and log records not yet acknowledged)")
     p.add_argument("--db", default=default_db(), help="DuckDB file (env AGENTTAPE_DB)")
     p.add_argument("--signal", choices=["traces", "logs"], default=None,
                    help="what a protobuf file holds (default: logs if its name contains 'log')")

@@ -179,7 +179,8 @@ def _health(url: str) -> tuple[int, str]:
 
 
 def _outbox() -> Check | None:
-    """The outbox named by ``AGENTTAPE_OUTBOX``: spans waiting to be re-sent, and spans it dropped."""
+    """The outbox named by ``AGENTTAPE_OUTBOX``: spans (and log records) waiting to be re-sent, and what
+    it dropped."""
     from otel_agenttape import outboxfile
 
     path = os.environ.get("AGENTTAPE_OUTBOX")
@@ -187,14 +188,19 @@ def _outbox() -> Check | None:
         return None
     try:
         s = outboxfile.summarize(path)
+        logs = outboxfile.summarize(os.path.join(path, outboxfile.LOGS_FOLDER))
     except (OSError, ValueError) as exc:
         return Check("outbox", False, f"{path}: cannot read it: {exc}")
     detail = (f"{path}: {s.spans} spans in {s.records} records waiting to be re-sent ({s.bytes} bytes, "
               f"{s.lanes} lanes, {s.lanes_in_use} held by a running process), {s.dropped} dropped because it "
               f"was full, {s.torn_bytes} torn bytes")
-    if s.spans and not s.lanes_in_use:
+    if logs.lanes:
+        detail += (f"; {logs.spans} log records waiting in {outboxfile.LOGS_FOLDER}/ ({logs.bytes} bytes), "
+                   f"{logs.dropped} dropped")
+    if (s.spans and not s.lanes_in_use) or (logs.spans and not logs.lanes_in_use):
         detail += f"; deliver them with `agenttape ingest {path}` or by starting an agent with this outbox"
-    return Check("outbox", s.dropped == 0, detail, s.__dict__)
+    data = dict(s.__dict__, log_records=logs.spans, log_records_dropped=logs.dropped)
+    return Check("outbox", s.dropped == 0 and logs.dropped == 0, detail, data)
 
 
 def _served(db: str, info: dict[str, Any]) -> list[Check]:

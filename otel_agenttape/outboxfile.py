@@ -14,10 +14,13 @@ Layout of an outbox folder::
     OUTBOX/lane-<16 hex>/acked                   "<segment> <offset>": the first record not acknowledged
     OUTBOX/lane-<16 hex>/dropped                 "<spans>": spans dropped because the outbox was full
     OUTBOX/lane-<16 hex>/<20 digits>.seg         segments, in order; each starts with SEGMENT_MAGIC
+    OUTBOX/logs/lane-<16 hex>/...                log records, in lanes of their own (``LOGS_FOLDER``)
 
 A record is a 16-byte little-endian header (``RECORD_MAGIC`` u16, kind u8, flags u8, payload length
 u32, item count u32, CRC-32 u32 of the first 12 header bytes and the payload) and the payload: for
-``KIND_TRACES`` one serialized OTLP ``ExportTraceServiceRequest``. A record cut short by a crash (a torn
+``KIND_TRACES`` one serialized OTLP ``ExportTraceServiceRequest``, for ``KIND_LOGS`` one
+``ExportLogsServiceRequest`` (only in the ``logs`` folder, so a lane's consecutive records can always be
+sent as one request). A record cut short by a crash (a torn
 tail) fails its length or checksum test: readers stop there, and the owner truncates it away before it
 appends, so it never affects the records before it.
 """
@@ -44,6 +47,8 @@ except ImportError:  # pragma: no cover - not POSIX: lanes are not locked
 SEGMENT_MAGIC = b"ATOUTBX1"
 RECORD_MAGIC = 0xB07A
 KIND_TRACES = 1
+KIND_LOGS = 2
+LOGS_FOLDER = "logs"
 _HEADER = struct.Struct("<HBBIII")
 HEADER_SIZE = _HEADER.size
 SEGMENT_SUFFIX = ".seg"
@@ -216,8 +221,8 @@ def read_outbox(root: str | os.PathLike[str]) -> Iterator[Record]:
 
 
 def is_outbox(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is an outbox folder (it has a lane)."""
-    return bool(lanes(path))
+    """Whether ``path`` is an outbox folder (it has a lane, of spans or of log records)."""
+    return bool(lanes(path)) or bool(lanes(Path(path) / LOGS_FOLDER))
 
 
 class Lane:

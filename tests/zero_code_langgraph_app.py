@@ -1,9 +1,10 @@
 """A LangGraph app with no telemetry code, for the zero-code tests (run under ``opentelemetry-instrument``).
 
-    python zero_code_langgraph_app.py OPENAI_BASE_URL QUESTION
+    python zero_code_langgraph_app.py OPENAI_BASE_URL QUESTION [DIRECT_QUESTION]
 
 A ``StateGraph`` whose triage node (a ``ChatOpenAI`` offered a transfer tool) hands over to a ReAct
-weather specialist, invoked as LangGraph's docs show; prints the final answer.
+weather specialist, invoked as LangGraph's docs show; prints the final answer. With ``DIRECT_QUESTION``
+the app then asks it once through the OpenAI SDK itself, outside LangChain.
 """
 
 from __future__ import annotations
@@ -52,10 +53,16 @@ def handoff_graph(base_url: str):  # noqa: ANN201 - a compiled LangGraph graph
     return graph.compile()
 
 
-def main(base_url: str, question: str) -> None:
+def main(base_url: str, question: str, direct: str | None = None) -> None:
     out = handoff_graph(base_url).invoke({"messages": [HumanMessage(question)]})
     print(out["messages"][-1].content, flush=True)
+    if direct:
+        import openai
+
+        client = openai.OpenAI(base_url=base_url, api_key="test", max_retries=0)
+        answer = client.chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": direct}])
+        print(answer.choices[0].message.tool_calls[0].function.arguments, flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], *sys.argv[3:4])

@@ -1,16 +1,17 @@
 """An OpenAI app with no telemetry code, for the zero-code tests (run under ``opentelemetry-instrument``).
 
-    python zero_code_openai_app.py OPENAI_BASE_URL [--hold] [--city CITY]
+    python zero_code_openai_app.py OPENAI_BASE_URL [--hold] [--city CITY] [--warnings]
 
 It asks for the weather, runs the ``get_weather`` tool the model asks for and sends the result back:
-two chat completions, each its own trace (no span of the app's own). ``--hold`` then prints ``held``
-and sleeps until killed.
+two chat completions, each its own trace (no span of the app's own). ``--warnings`` logs a warning with
+Python's logging after each answer. ``--hold`` then prints ``held`` and sleeps until killed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 
 import openai
@@ -25,11 +26,14 @@ def main() -> None:
     p.add_argument("base_url")
     p.add_argument("--hold", action="store_true")
     p.add_argument("--city", default="Paris")
+    p.add_argument("--warnings", action="store_true")
     args = p.parse_args()
     client = openai.OpenAI(base_url=args.base_url, api_key="test", max_retries=0)
     messages = [{"role": "system", "content": "You are terse."},
                 {"role": "user", "content": f"Weather in {args.city}?"}]
     first = client.chat.completions.create(model="gpt-test", messages=messages, tools=TOOLS)
+    if args.warnings:
+        logging.getLogger("weather").warning("the model asked for a tool in %s", args.city)
     call = first.choices[0].message.tool_calls[0]
     messages.append({"role": "assistant", "content": None, "tool_calls": [
         {"id": call.id, "type": "function", "function": {"name": call.function.name,
@@ -38,6 +42,8 @@ def main() -> None:
     messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
     answer = client.chat.completions.create(model="gpt-test", messages=messages, tools=TOOLS)
     print(answer.choices[0].message.content, flush=True)
+    if args.warnings:
+        logging.getLogger("weather").warning("answered: %s", answer.choices[0].message.content)
     if args.hold:
         print("held", flush=True)
         while True:

@@ -119,13 +119,16 @@ def count_spans(data: bytes) -> int:
 
 
 def deliver(requests: list[tuple[bytes, int]], send_once: SendOnce, *, timeout: float, retry: bool,
-            stop: threading.Event | None = None) -> Sent:
+            stop: threading.Event | None = None,
+            split: Callable[[bytes], list[tuple[bytes, int]]] | None = None) -> Sent:
     """Send the requests in order within ``timeout`` seconds in total.
 
     ``retry``: retry transient failures with backoff (1 s, 2 s, 4 s... with jitter) until the
     deadline; else one attempt each. After a request could not be delivered, the ones behind it are
-    not tried (the receiver is down) and are returned in ``undelivered`` with it.
+    not tried (the receiver is down) and are returned in ``undelivered`` with it. ``split`` halves a
+    request the receiver found too large (default: a trace request's ``split_request``).
     """
+    split = split_request if split is None else split
     sent = Sent()
     deadline = time.monotonic() + timeout
     todo = list(requests)
@@ -136,7 +139,7 @@ def deliver(requests: list[tuple[bytes, int]], send_once: SendOnce, *, timeout: 
             sent.delivered += n
             sent.rejected += rejected
         elif outcome is Outcome.TOO_LARGE:
-            halves = split_request(data) if n > 1 else []
+            halves = split(data) if n > 1 else []
             if len(halves) == 2:
                 sent.splits += 1
                 todo[:0] = halves

@@ -7,7 +7,9 @@ GenAI instrumentation a library and turns their content capture on), ``AgentTape
 redaction, plus a logger provider to the same receiver), the instrumentations, then ``announce`` (one
 line on stderr saying what is on). ``register()`` does the same from code and returns the ``Tape``.
 At exit everything is flushed within ``AGENTTAPE_SHUTDOWN_TIMEOUT``; what could not be sent goes to
-the outbox or is counted and said, and the app never waits longer.
+the outbox or is counted and said, and the app never waits longer. Log records go through the outbox
+too (``log_export``); a provider SDK instrumentation beside a framework's records each model call once
+(``model_calls``).
 
 Every option and its variable: ``otel_agenttape.capture.settings`` (``agenttape doctor`` prints the
 same resolution).
@@ -27,6 +29,9 @@ from typing import Any, Iterable, Sequence
 from opentelemetry.instrumentation.distro import BaseDistro
 
 from otel_agenttape.capture import instrumentations as inst
+from otel_agenttape.capture import model_calls
+from otel_agenttape.capture.log_export import LOST as _LOGS_LOST
+from otel_agenttape.capture.log_export import TapeLogExporter
 from otel_agenttape.capture.settings import Settings, SettingsError, resolve
 
 _log = logging.getLogger("otel_agenttape.distro")
@@ -41,6 +46,7 @@ class _Process:
 
     tape: Any = None
     logger_provider: Any = None
+    log_exporter: TapeLogExporter | None = None
     settings: Settings | None = None
     origin: str = ""
     distro: bool = False
@@ -50,6 +56,7 @@ class _Process:
     failed: list[tuple[inst.Instrumentation, str]] = field(default_factory=list)
     applied: dict[str, str] = field(default_factory=dict)
     kept: dict[str, str] = field(default_factory=dict)
+    dedup: bool = False  # SDK spans skipped inside a framework's model calls (model_calls)
     prepared: bool = False
     announced: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -62,13 +69,55 @@ def _say(text: str, settings: Settings | None = None, *, warn: bool = False) -> 
     """One line on stderr (through logging when the app configured it), unless AGENTTAPE_QUIET."""
     if settings is not None and settings.values.get("quiet") and not warn:
         return
-    if not _log.handlers and not logging.getLogger().handlers:
+    if not _log.handlers and not [h for h in logging.getLogger().handlers if not isinstance(h, _BridgeFilter.kinds())]:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
         _log.addHandler(handler)
         _log.setLevel(logging.INFO)
         _log.propagate = False
     (_log.warning if warn else _log.info)(text)
+
+
+class _BridgeFilter(logging.Filter):
+    """Python logging bridged into log records, except our own and the SDK's (no export feedback)."""
+
+    @staticmethod
+    def kinds() -> tuple[type, ...]:
+        try:
+            from opentelemetry.sdk._logs import LoggingHandler
+        except Exception:
+            return ()
+        return (LoggingHandler,)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(("otel_agenttape", "opentelemetry"))
+
+
+BRIDGE_ENV = "OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED"
+
+
+def _bridges_logging() -> bool:
+    return os.environ.get(BRIDGE_ENV, "").strip().lower() == "true"
+
+
+def _bridge_logging(provider: Any) -> None:
+    """``OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED=true``: the SDK's LoggingHandler on the root
+    logger, as the stock configurator sets it up (the records then go through our log exporter)."""
+    import warnings
+
+    from opentelemetry.sdk._logs import LoggingHandler
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        handler = LoggingHandler(level=logging.NOTSET, logger_provider=provider)
+    handler.addFilter(_BridgeFilter())
+    logging.getLogger().addHandler(handler)
+    try:  # so the app's own logging.basicConfig() still configures the console (the SDK does the same)
+        from opentelemetry.sdk._configuration import _overwrite_logging_config_fns
+
+        _overwrite_logging_config_fns(handler)
+    except Exception:
+        pass
 
 
 # ---- the description both the startup line and doctor print -----------------------------------------
@@ -87,7 +136,11 @@ def describe(settings: Settings, *, enabled: Sequence[inst.Instrumentation] = ()
     redact = v["redact"]
     parts.append("redaction " + ("of the built-in patterns" if redact is True else
                                  f"of {', '.join(redact)}" if redact else "off"))
-    parts.append(f"logs to {settings.logs_endpoint()}" if v["logs"] else "logs off")
+    if v["logs"]:
+        parts.append(f"logs to {settings.logs_endpoint()}" + (f" (through the outbox {v['outbox']}/logs)" if v["outbox"] else "")
+                     + (f", Python logging bridged ({BRIDGE_ENV})" if _bridges_logging() else ""))
+    else:
+        parts.append("logs off")
     parts.append(f"requests at most {v['max_request_bytes']} bytes, exit flush at most {v['shutdown_timeout']:g} s")
     if applied or kept:
         content = [f"{k}={val}" for k, val in (applied or {}).items()]
@@ -104,6 +157,12 @@ def describe(settings: Settings, *, enabled: Sequence[inst.Instrumentation] = ()
         parts.append("left out " + ", ".join(dupes) + " (another package instruments the same library)")
     if failed:
         parts.append("failed " + ", ".join(f"{i.label()}: {why}" for i, why in failed))
+    libraries = [i.library for i in enabled]
+    if model_calls.overlapping(libraries):
+        frameworks = sorted(set(libraries) & model_calls.FRAMEWORK_LIBRARIES)
+        sdks = sorted(set(libraries) & model_calls.PROVIDER_LIBRARIES)
+        parts.append(f"model calls made through {', '.join(frameworks)} recorded once, by its instrumentation "
+                     f"({', '.join(sdks)} spans skipped inside them)")
     return "; ".join(parts)
 
 
@@ -117,7 +176,8 @@ def planned(settings: Settings, *, libraries: Iterable[str] | None = None,
 # ---- building the providers ----------------------------------------------------------------------------
 
 def _logger_provider(settings: Settings, resource: Any) -> Any:
-    """A logger provider exporting to the receiver (the GenAI log events), global, shut down by us."""
+    """A logger provider exporting to the receiver (the GenAI log events, bridged Python logging) through
+    the outbox like spans (``log_export``), global, shut down by us."""
     from opentelemetry import _logs
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
@@ -147,9 +207,12 @@ def _logger_provider(settings: Settings, resource: Any) -> Any:
         if "compression" in own:
             kwargs["compression"] = Compression(own["compression"])
         exporter = OTLPLogExporter(**kwargs)
+    wrapped = TapeLogExporter(exporter, outbox=v["outbox"], max_request_bytes=v["max_request_bytes"],
+                              outbox_options={"max_bytes": v["outbox_max_bytes"]} if v["outbox_max_bytes"] else None)
+    _PROCESS.log_exporter = wrapped
     provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
     provider.add_log_record_processor(BatchLogRecordProcessor(
-        exporter, export_timeout_millis=max(1.0, v["shutdown_timeout"] * 1000)))
+        wrapped, export_timeout_millis=max(1.0, v["shutdown_timeout"] * 1000)))
     _logs.set_logger_provider(provider)
     try:  # the older GenAI instrumentations write their events through the Events API
         from opentelemetry import _events
@@ -168,6 +231,7 @@ def _prepare(settings: Settings, libraries: Iterable[str] | None = None) -> None
         return
     p.prepared = True
     p.chosen, p.skipped = planned(settings, libraries=libraries)
+    p.dedup = model_calls.overlapping([i.library for i in p.chosen])
     if settings.values["capture_content"]:
         p.applied, p.kept = inst.apply_content_defaults(p.chosen)
 
@@ -184,6 +248,8 @@ def _build(settings: Settings, origin: str) -> Any:
     if settings.values["logs"]:
         try:
             p.logger_provider = _logger_provider(settings, tape.tracer_provider.resource)
+            if _bridges_logging():
+                _bridge_logging(p.logger_provider)
         except Exception as exc:  # spans still record; say why logs do not
             _say(f"agenttape: log records are not exported: {type(exc).__name__}: {exc}", warn=True)
     atexit.register(_at_exit)
@@ -235,10 +301,27 @@ class AgentTapeDistro(BaseDistro):
         if why is not None and _PROCESS.prepared:
             _log.debug("not instrumenting %s (%s): %s", entry_point.name, entry_point.value, why)
             return
-        super().load_instrumentor(entry_point, **kwargs)
         chosen = next((i for i in _PROCESS.chosen if i.key == key), None)
         if chosen is not None and chosen.family is not None:
+            kwargs = dict(kwargs, **_instrument_kwargs(chosen))
+        super().load_instrumentor(entry_point, **kwargs)
+        if chosen is not None and chosen.family is not None:
+            _after_instrumented(chosen)
             _PROCESS.loaded.append(chosen)
+
+
+def _instrument_kwargs(item: inst.Instrumentation) -> dict[str, Any]:
+    """Extra ``instrument()`` keywords: a provider SDK instrumentation beside a framework one records
+    through the tracer provider that skips calls the framework records (``model_calls``)."""
+    p = _PROCESS
+    if not p.dedup or item.library not in model_calls.PROVIDER_LIBRARIES or p.tape is None:
+        return {}
+    return {"tracer_provider": model_calls.DedupTracerProvider(p.tape.tracer_provider)}
+
+
+def _after_instrumented(item: inst.Instrumentation) -> None:
+    if _PROCESS.dedup and item.library in ("langchain", "langgraph"):
+        model_calls.hook_langchain()
 
 
 class AgentTapeConfigurator:
@@ -304,7 +387,13 @@ def register(endpoint: str | None = None, protocol: str | None = None, *, servic
         kwargs: dict[str, Any] = {"tracer_provider": tape.tracer_provider}
         if p.logger_provider is not None:
             kwargs["logger_provider"] = p.logger_provider
-        p.loaded, p.failed = inst.enable([i for i in p.chosen], **kwargs)
+        p.loaded, p.failed = [], []
+        for item in p.chosen:
+            done, failed = inst.enable([item], **dict(kwargs, **_instrument_kwargs(item)))
+            for d in done:
+                _after_instrumented(d)
+            p.loaded += done
+            p.failed += failed
         p.distro = True  # loaded is what we enabled
     announce()
     return tape
@@ -320,24 +409,35 @@ def _at_exit() -> None:
         return
     budget = float(settings.values["shutdown_timeout"])
     start = time.monotonic()
+    logs = None
+    if p.logger_provider is not None:  # log records flush beside the spans, within the same budget
+        logs = threading.Thread(target=_quiet(p.logger_provider.shutdown), name="agenttape-logs-exit", daemon=True)
+        logs.start()
     try:
         tape.shutdown()  # bounded by the queue's shutdown timeout; leftovers go to the outbox or are counted
     except Exception:
         pass
-    if p.logger_provider is not None:
-        t = threading.Thread(target=_quiet(p.logger_provider.shutdown), name="agenttape-logs-exit", daemon=True)
-        t.start()
-        t.join(max(0.5, budget - (time.monotonic() - start)))
+    if logs is not None:
+        left = budget - (time.monotonic() - start)
+        logs.join(max(0.2, left * 0.8))
+        if logs.is_alive() and p.log_exporter is not None:  # out of time: what is left goes to the outbox
+            p.log_exporter.stop_sending()
+            logs.join(max(0.3, budget - (time.monotonic() - start)))
     try:
         stats = tape.stats()
     except Exception:
         return
     lost = {k: stats.get(k, 0) for k in _LOST if stats.get(k, 0)}
     kept = stats.get("outbox_spans_pending", 0)
-    if lost or kept:
-        text = (f"agenttape: at exit {stats.get('spans_exported', 0)} spans delivered"
-                + (f", {kept} kept in the outbox {settings.values['outbox']} (re-sent by the next process "
-                   f"with this outbox or `agenttape ingest`)" if kept else "")
+    log_stats = p.log_exporter.stats() if p.log_exporter is not None else {}
+    lost.update({k: log_stats[k] for k in _LOGS_LOST if log_stats.get(k)})
+    kept_logs = log_stats.get("logs_outbox_pending", 0)
+    if lost or kept or kept_logs:
+        held = ", ".join(x for x in (f"{kept} spans" if kept else "", f"{kept_logs} log records" if kept_logs else "") if x)
+        text = (f"agenttape: at exit {stats.get('spans_exported', 0)} spans"
+                + (f" and {log_stats.get('logs_exported', 0)} log records" if log_stats else "") + " delivered"
+                + (f", {held} kept in the outbox {settings.values['outbox']} (re-sent by the next process "
+                   f"with this outbox or `agenttape ingest`)" if held else "")
                 + (", not delivered: " + ", ".join(f"{k}={n}" for k, n in lost.items()) if lost else ""))
         _say(text, settings, warn=bool(lost))
 

@@ -5,7 +5,9 @@ Three families write GenAI spans: OpenTelemetry's own (``opentelemetry-instrumen
 OpenLLMetry (Traceloop's ``opentelemetry-instrumentation-*``). Stock auto-instrumentation enables every
 installed one, so with two of them for the same library each model call is recorded twice (two model
 nodes a call). Here one a library is enabled: the package or family named first in
-``AGENTTAPE_INSTRUMENTATIONS``, else OpenTelemetry's, then OpenInference, then OpenLLMetry.
+``AGENTTAPE_INSTRUMENTATIONS``, else OpenTelemetry's, then OpenInference, then OpenLLMetry. A framework
+and the provider SDK under it (LangChain over OpenAI) both record a model call too; ``model_calls``
+keeps it to one span.
 
 Each family keeps prompts and answers off by default or behind its own variable; ``content_defaults``
 names the variables that turn capture on (onto spans, where sealing covers them), and only variables

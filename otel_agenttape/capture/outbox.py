@@ -47,12 +47,14 @@ class Outbox:
 
     def __init__(self, path: str | Path, *, deliver: Deliver | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
                  fsync: str = "batch", segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, spill_capacity: int = 8192) -> None:
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, spill_capacity: int = 8192,
+                 kind: int = outboxfile.KIND_TRACES) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"outbox fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
         if max_bytes <= 0:
             raise ValueError("outbox max_bytes must be positive")
         self.path = Path(path)
+        self.kind = kind  # what the records hold (the log records' outbox: KIND_LOGS)
         self.max_bytes = int(max_bytes)
         self.fsync = fsync == "batch"
         self.max_request_bytes = max_request_bytes
@@ -89,7 +91,7 @@ class Outbox:
                     self._note_dropped_locked(n)
                     continue
                 try:
-                    self.lane.append(outboxfile.KIND_TRACES, n, data, fsync=self.fsync)
+                    self.lane.append(self.kind, n, data, fsync=self.fsync)
                 except OSError as exc:
                     self._counts["outbox_write_errors"] += 1
                     self._counts["outbox_dropped_full"] += n
@@ -292,7 +294,7 @@ class Outbox:
             lane.forget()
         child = Outbox(self.path, deliver=self._deliver, max_bytes=self.max_bytes,
                        fsync="batch" if self.fsync else "none", segment_bytes=self._segment_bytes,
-                       max_request_bytes=self.max_request_bytes, spill_capacity=self._spill_capacity)
+                       max_request_bytes=self.max_request_bytes, spill_capacity=self._spill_capacity, kind=self.kind)
         child.start()
         return child
 

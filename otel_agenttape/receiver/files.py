@@ -26,18 +26,20 @@ def read_otlp_file(path: str | os.PathLike[str], signal: str | None = None) -> l
 
 def read_outbox_folder(path: str | os.PathLike[str]) -> list[tuple[str, Validated]]:
     """The records not yet acknowledged in an outbox folder (``otel_agenttape.outboxfile``), each an
-    OTLP trace request, decoded and validated like a file; the folder is only read."""
+    OTLP trace request (its ``logs`` folder: log requests), decoded and validated like a file; the
+    folder is only read."""
     from otel_agenttape import outboxfile
 
     if not outboxfile.is_outbox(path):
         raise DecodeError(f"{path}: a folder, but not an outbox (no lane-* folders)")
     out = []
+    signals = {outboxfile.KIND_TRACES: TRACES, outboxfile.KIND_LOGS: LOGS}
     try:
-        for rec in outboxfile.read_outbox(path):
-            if rec.kind != outboxfile.KIND_TRACES:
+        for rec in [*outboxfile.read_outbox(path), *outboxfile.read_outbox(Path(path) / outboxfile.LOGS_FOLDER)]:
+            if rec.kind not in signals:
                 raise DecodeError(f"{path}: record of unknown kind {rec.kind}")
             try:
-                out.append(_validated(decode_request(TRACES, rec.payload, PROTOBUF)))
+                out.append(_validated(decode_request(signals[rec.kind], rec.payload, PROTOBUF)))
             except DecodeError as exc:
                 raise DecodeError(f"{path}: segment {rec.segment} offset {rec.offset}: {exc}") from None
     except outboxfile.OutboxFormatError as exc:
