@@ -8,8 +8,8 @@ and the monotonic time at which the tape's next checkpoint falls due (``Tape.due
 ``Tape.due_time``); the Python step, the timer and the compiled step only compare against those.
 
 ``step(state, span)`` is the compiled step, or None where it is not built or turned off
-(``AGENTTAPE_NO_NATIVE``). It returns ``(sealed, None)`` when it sealed the span, and ``(None, leaf
-hash or None)`` when the span needs the Python step (a tape or chain to open, a checkpoint due, the
+(``AGENTTAPE_NO_NATIVE``). It returns ``(sealed, None)`` when it sealed the span, and ``(None, (leaf
+hash, salts text or None) or None)`` when the span needs the Python step (a tape or chain to open, a checkpoint due, the
 tape's root ending, a value to make OTLP-safe, a layout it does not know), having changed nothing.
 ``tests/test_sealing_native.py`` seals the same spans both ways.
 """
@@ -82,7 +82,7 @@ def configure(compiled: Any) -> Any:
     leaf = leaf_fast.native_module
     if compiled is None or leaf is None or leaf.verified_span_context() is None:
         return None
-    compiled.configure(leaf.leaf_hash_sdk, SealedSpan, leaf.verified_span_context(), ORIGINAL_FIELD,
+    compiled.configure(leaf.seal_hash_sdk, SealedSpan, leaf.verified_span_context(), ORIGINAL_FIELD,
                        ATTRIBUTES_FIELD)
     return compiled.step
 

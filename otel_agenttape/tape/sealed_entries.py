@@ -16,7 +16,7 @@ import orjson
 
 from otel_agenttape import semconv
 from otel_agenttape.integrity.chain import link_from_leaf_hash
-from otel_agenttape.integrity.leaf import LEAF_VERSION
+from otel_agenttape.integrity.leaf import LEAF_V1
 from otel_agenttape.integrity.merkle import leaf_hash
 from otel_agenttape.integrity.verify import Entry
 from otel_agenttape.tape.sealed_rows import CompactEntry, from_compact, query_rows, row_entry, to_compact
@@ -105,7 +105,7 @@ def batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[CompactEntry]:
                     "status": {"code": sc or 0, "message": sm or ""},
                     "trace_id": tid,
                     "trace_state": ts or "",
-                    "v": LEAF_VERSION,
+                    "v": LEAF_V1,  # a v2 row (salts or erased map) fails the hash check: general path
                 }, option=_SORTED)
                 lh = leaf_hash(leaf)
                 if link_from_leaf_hash(prev, lh) == hsh:
