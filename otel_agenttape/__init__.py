@@ -1,6 +1,7 @@
 """otel-agenttape: an AI agent's run as a first-class OpenTelemetry artifact (a tape).
 
-``otel_agenttape.setup(...)`` / ``otel_agenttape.instrument(provider)`` return a Tape;
+``otel_agenttape.setup(...)`` / ``otel_agenttape.instrument(provider)`` / ``otel_agenttape.register()``
+return a Tape;
 ``otel_agenttape.open(source)`` reads tapes back (docs/api.md). These names load on first use, so
 ``import otel_agenttape`` pulls in neither the OTel SDK nor DuckDB.
 """
@@ -12,7 +13,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _CAPTURE_EXPORTS = (
-    "setup", "instrument", "Tape", "Run", "ModelCall", "ToolCall", "AgentEvent", "EventType",
+    "setup", "register", "instrument", "Tape", "Run", "ModelCall", "ToolCall", "AgentEvent", "EventType",
     "CaptureListener", "NodeRecord", "InMemorySink", "JsonlSink", "inject_context", "extract_context",
     "RemoteParent", "current_run",
 )
@@ -24,6 +25,8 @@ _READ_EXPORTS = {
     "Page": "otel_agenttape.tape.read",
     "RunNotFound": "otel_agenttape.tape.refs",
     "AmbiguousRunError": "otel_agenttape.tape.refs",
+    "experiment": "otel_agenttape.tape.experiment_api",
+    "Candidate": "otel_agenttape.tape.experiment",
 }
 
 __all__ = ["__version__", *_CAPTURE_EXPORTS, *_READ_EXPORTS]

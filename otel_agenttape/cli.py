@@ -45,6 +45,13 @@ def _tape_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--otlp", metavar="FILE", nargs="+", default=None,
                    help="read OTLP files (JSON, JSON lines, protobuf, .gz) instead of --db")
     _lake_read_arg(p)
+    _prices_arg(p)
+
+
+def _prices_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prices", metavar="FILE", default=None,
+                   help="per-model prices per million tokens (JSON or YAML) over genai-prices' "
+                        "(env AGENTTAPE_PRICES)")
 
 
 def _lake_read_arg(p: argparse.ArgumentParser) -> None:
@@ -82,6 +89,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="*", metavar="FILE", help="OTLP files (JSON, JSON lines, protobuf, .gz)")
     p.add_argument("--db", default=None, help="DuckDB tape store (env AGENTTAPE_DB, default ./agenttape.duckdb)")
     p.add_argument("--lake", metavar="DIR", default=None, help="a Parquet lake folder")
+    _prices_arg(p)
     p.add_argument("--host", default=_env("CONSOLE_HOST", "127.0.0.1"), help="bind address (default %(default)s)")
     p.add_argument("--port", type=int, default=None, help="port, 0 = any free one (env AGENTTAPE_CONSOLE_PORT, "
                    "default 4380)")
@@ -180,8 +188,13 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="only runs recorded by this source (agenttape, otel-genai, openinference, openllmetry, ...)")
     p.add_argument("--session", default=None, help="only the runs (turns) of this session")
     p.add_argument("--since", default=None, metavar="T", help="only runs started at or after T (ISO date/time)")
+    p.add_argument("--experiment", default=None, metavar="NAME", help="only the runs of this experiment")
     p.add_argument("--json", action="store_true", help="print a JSON array")
     p.set_defaults(func=_verb("runs"))
+
+    from otel_agenttape.commands import experiment as _experiment
+
+    _experiment.add_parser(sub, _tape_source_args)
 
     p = sub.add_parser("sql", help="run one read-only SQL query (tables and views: docs/schema.md)")
     p.add_argument("query", metavar="QUERY")

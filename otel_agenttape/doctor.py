@@ -97,6 +97,22 @@ def _export_settings() -> Check:
     return Check("export settings", True, f"setup() without arguments exports to {endpoint} over {protocol}", env)
 
 
+def _zero_code() -> Check:
+    """What ``opentelemetry-instrument`` (or ``register()``) would set up in a process started with this
+    environment: the same resolution and the same one-line description the distro prints."""
+    from otel_agenttape.capture import distro
+    from otel_agenttape.capture.settings import SettingsError, resolve
+
+    try:
+        settings = resolve()
+    except SettingsError as exc:
+        return Check("zero-code configuration", False, f"an instrumented process would not record: {exc}")
+    enabled, skipped = distro.planned(settings)
+    data = {name: ("<set>" if name == "headers" and value else value) for name, value in settings.values.items()}
+    data["sources"] = dict(settings.sources)
+    return Check("zero-code configuration", True, distro.describe(settings, enabled=enabled, skipped=skipped), data)
+
+
 def _signing_key() -> Check | None:
     """When ``AGENTTAPE_SIGNING_KEY`` is set, it must be a readable private key: otherwise ``setup()``
     records unsealed (with a warning) instead of signing checkpoints."""
@@ -252,7 +268,7 @@ def diagnose(db: str) -> list[Check]:
     """Every check, in the order a person reads them."""
     from otel_agenttape.receiver.server import read_discovery
 
-    checks = [_versions(), _compiled(), _export_settings()]
+    checks = [_versions(), _compiled(), _export_settings(), _zero_code()]
     key = _signing_key()
     if key is not None:
         checks.append(key)

@@ -4,7 +4,10 @@ Usage: python integrations_foreign_app.py INSTRUMENTATION RECEIVER_URL OPENAI_BA
 INSTRUMENTATION: ``oi-agents`` (openinference-instrumentation-openai-agents), ``otel-agents``
 (opentelemetry-instrumentation-openai-agents-v2), ``oi-langchain`` (openinference-instrumentation-
 langchain), ``otel-langchain`` (opentelemetry-instrumentation-langchain); ``oi-agents-trip`` and
-``otel-agents-trip`` run the trip planner of ``integrations_agents_app`` on its fake models instead. The Agents SDK programs use
+``otel-agents-trip`` run the trip planner of ``integrations_agents_app`` on its fake models instead;
+``oi-agents-handoff`` and ``oi-langgraph-handoff`` are two agents (a triage agent handing over to a weather
+specialist) on the fake OpenAI server, the Agents SDK's chat-completions model or LangChain's ``ChatOpenAI``
+in a LangGraph ``StateGraph``, asked the question given as a fourth argument. The Agents SDK programs use
 its chat-completions model against the fake OpenAI server; the LangGraph ones a ReAct agent on the
 same server through ``langchain_core``'s fake chat model. Prints the trace id of the program's trace.
 """
@@ -144,10 +147,53 @@ def langchain_program(kind: str, receiver: str, base_url: str) -> str:
     return _TRACE_IDS[-1] if _TRACE_IDS else ""
 
 
+def agents_handoff_program(kind: str, receiver: str, base_url: str, question: str) -> str:
+    """A triage agent that hands over to a weather specialist, both on the fake OpenAI server."""
+    tp = provider(receiver, f"handoff-{kind}")
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
+    from openai import AsyncOpenAI
+
+    instrument_agents(kind, tp)
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        return json.dumps({"city": city, "temp": 57})
+
+    client = AsyncOpenAI(base_url=base_url, api_key="test", max_retries=0)
+    model = OpenAIChatCompletionsModel(model="gpt-test", openai_client=client)
+    specialist = Agent(name="specialist", instructions="You know the weather.", tools=[get_weather], model=model)
+    triage = Agent(name="triage", instructions="You route questions.", handoffs=[specialist], model=model)
+    print(asyncio.run(Runner.run(triage, question)).final_output, file=sys.stderr)
+    tp.force_flush()
+    return _TRACE_IDS[-1] if _TRACE_IDS else ""
+
+
+def langgraph_handoff_program(kind: str, receiver: str, base_url: str, question: str) -> str:
+    """A ``StateGraph`` whose triage node (a ``ChatOpenAI`` offered a transfer tool) hands over to a ReAct
+    weather specialist, invoked with the question as a ``HumanMessage``."""
+    tp = provider(receiver, f"handoff-{kind}")
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    LangChainInstrumentor().instrument(tracer_provider=tp)
+    from langchain_core.messages import HumanMessage
+    from zero_code_langgraph_app import handoff_graph
+
+    app = handoff_graph(base_url)
+    out = app.invoke({"messages": [HumanMessage(question)]})
+    print(out["messages"][-1].content, file=sys.stderr)
+    tp.force_flush()
+    return _TRACE_IDS[-1] if _TRACE_IDS else ""
+
+
 def main() -> int:
     kind, receiver, base_url = sys.argv[1:4]
     if kind.endswith("-trip"):
         print(agents_trip_program(kind, receiver))
+        return 0
+    if kind.endswith("-handoff"):
+        program = agents_handoff_program if kind == "oi-agents-handoff" else langgraph_handoff_program
+        print(program(kind, receiver, base_url, sys.argv[4]))
         return 0
     program = agents_program if kind in ("oi-agents", "otel-agents") else langchain_program
     print(program(kind, receiver, base_url))

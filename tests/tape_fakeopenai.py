@@ -1,8 +1,10 @@
 """A tiny OpenAI-compatible chat completions server on 127.0.0.1 (free port) for the tape tests.
 
-The first user turn gets a ``get_weather`` tool call; a conversation ending in a tool result gets a
-text answer built from it. ``stream=true`` answers as server-sent events. Every request body is kept
-in ``requests`` so a test can see exactly what a client sent.
+The first user turn gets a ``get_weather`` tool call (a ``transfer_to_*`` call instead when the request
+offers such a tool: a triage agent handing over); a conversation ending in a weather tool result gets a
+text answer built from it, one ending in a handoff's result starts over from the last user turn.
+``stream=true`` answers as server-sent events. Every request body is kept in ``requests`` so a test can
+see exactly what a client sent.
 """
 
 from __future__ import annotations
@@ -13,18 +15,30 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+def _weather(content: Any) -> dict[str, Any] | None:
+    try:
+        data = json.loads(content)
+    except (TypeError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "temp" in data else None
+
+
 def _answer(body: dict[str, Any], n: int) -> dict[str, Any]:
     last = body["messages"][-1]
-    if last.get("role") == "tool":
-        data = json.loads(last["content"])
+    data = _weather(last.get("content")) if last.get("role") == "tool" else None
+    if data is not None:
         message = {"role": "assistant", "content": f"It is {data['temp']}F in {data['city']}."}
         finish = "stop"
     else:
-        text = last.get("content") if isinstance(last.get("content"), str) else ""
+        user = next((m for m in reversed(body["messages"]) if m.get("role") == "user"), last)
+        text = user.get("content") if isinstance(user.get("content"), str) else ""
         city = text.rsplit(" ", 1)[-1].strip("?") or "Paris"
+        names = [(t.get("function") or {}).get("name") or "" for t in body.get("tools") or []]
+        handoff = next((name for name in names if name.startswith("transfer_to_")), None)
+        name, arguments = (handoff, {}) if handoff and last.get("role") != "tool" else ("get_weather", {"city": city})
         message = {"role": "assistant", "content": None, "tool_calls": [{
             "id": f"call_{n}", "type": "function",
-            "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]}
+            "function": {"name": name, "arguments": json.dumps(arguments)}}]}
         finish = "tool_calls"
     return {
         "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 1700000000 + n, "model": body["model"],

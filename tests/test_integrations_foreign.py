@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
-from integrations_support import cli_json, serve, tree_runs
+from console_app import serve_console
+from integrations_support import cli, cli_json, serve, tree_runs
+from otel_agenttape.console.serve import open_tapes
 from tape_fakeopenai import FakeOpenAI
 
 HERE = Path(__file__).parent
@@ -24,6 +27,8 @@ MODULES = {
     "otel-agents-trip": "opentelemetry.instrumentation.openai_agents",
     "oi-langchain": "openinference.instrumentation.langchain",
     "otel-langchain": "opentelemetry.instrumentation.langchain",
+    "oi-agents-handoff": "openinference.instrumentation.openai_agents",
+    "oi-langgraph-handoff": "langchain_openai",
 }
 WEATHER = ("get_weather", {"city": "Paris"}, {"city": "Paris", "temp": 57})
 
@@ -34,13 +39,13 @@ def receiver(tmp_path_factory):
         yield srv
 
 
-def _record(receiver, kind: str) -> tuple[str, list[str]]:
+def _record(receiver, kind: str, *args: str) -> tuple[str, list[str]]:
     pytest.importorskip(MODULES[kind])
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTAPE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
     with FakeOpenAI() as fake:
         proc = subprocess.run([sys.executable, str(HERE / "integrations_foreign_app.py"), kind, receiver.url,
-                               fake.base_url], env=env, capture_output=True, text=True, timeout=180)
+                               fake.base_url, *args], env=env, capture_output=True, text=True, timeout=180)
         requests = fake.requests
     assert proc.returncode == 0, proc.stderr[-3000:]
     receiver.wait_stored(5)
@@ -138,3 +143,44 @@ def test_agents_sdk_instrumentations_rebuild_the_same_tree_as_our_processor(rece
     # the instrumentations: the planner's last model message); everything else is the same tree
     assert _shape(root[0])[:2] + _shape(root[0])[3:] == _shape(ours)[:2] + _shape(ours)[3:]
     assert "Booked Le Bouchon at 12:30." in json.dumps(_shape(root[0]))
+
+
+@pytest.mark.parametrize("kind", ["oi-langgraph-handoff", "oi-agents-handoff"])
+def test_a_handoff_between_two_agents_shows_the_question_and_the_answer_at_its_root(receiver, kind, tmp_path,
+                                                                                     capsys):
+    """LangGraph's root span holds the graph's state as LangChain serialised it; the Agents SDK's workflow
+    span holds nothing, so its run reads both from the model calls of the agents below it, and says so."""
+    lyon, requests = _record(receiver, kind, "Weather in Lyon?")
+    assert [[t["function"]["name"] for t in r["tools"]] for r in requests] == [
+        ["transfer_to_specialist"], ["get_weather"], ["get_weather"]]  # triage handed over; the specialist ran
+    paris, _ = _record(receiver, kind, "Weather in Paris?")
+    root = cli_json(capsys, "replay", lyon, "--tree", "--db", receiver.db)
+    assert [m["content"] for m in root["input"] if m["role"] == "user"] == ["Weather in Lyon?"]
+    assert root["output"] == "It is 57F in Lyon."
+    read_from = None if kind == "oi-langgraph-handoff" else "model_call"
+    assert (root.get("input_from"), root.get("output_from")) == (read_from, read_from)
+
+    listed = [r for r in cli_json(capsys, "runs", "--db", receiver.db) if r["trace_id"] == lyon]
+    assert root["ref"] in {r["ref"] for r in listed} and all(r["status"] == "completed" for r in listed)
+
+    code, out = cli(capsys, "diff", lyon, paris, "--db", receiver.db, "--json")
+    where = json.loads(out)["first_divergence"]
+    if read_from:  # the workflow's run has no model calls of its own: the two differ in their answers
+        assert (where["fields"], where["a"]["output"], where["b"]["output"]) == (
+            ["output"], "It is 57F in Lyon.", "It is 57F in Paris."), where
+    else:  # the graph's run holds the triage call, asked another question
+        assert "input" in where["fields"], where
+
+    dataset = tmp_path / "examples.jsonl"
+    cli(capsys, "dataset", "--db", receiver.db, "--agent", root["agent"], str(dataset))
+    examples = [json.loads(line)["messages"] for line in dataset.read_text().splitlines()]
+    asked = [e for e in examples if {"role": "user", "content": "Weather in Lyon?"} in e]
+    assert len(asked) == 1, examples  # the root run is an example, not skipped for want of an input
+
+    with serve_console(open_tapes(db=receiver.db)) as url:
+        steps = httpx.get(f"{url}/api/runs/{root['ref']}/steps", timeout=60).json()["steps"]
+    first, last = steps[0], steps[-1]
+    assert (first["kind"], last["kind"]) == ("input", "terminal")
+    assert {"role": "user", "content": "Weather in Lyon?"} in first["content"]
+    assert last["output"] == "It is 57F in Lyon."
+    assert (first.get("input_from"), last.get("output_from")) == (read_from, read_from)

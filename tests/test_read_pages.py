@@ -17,6 +17,7 @@ from otel_agenttape.demo import run_demo
 from otel_agenttape.store.writer import Store
 from otel_agenttape.tape.load import _rows
 from otel_agenttape.tape.read import RunSummary
+from otel_agenttape.tape.read.cost import price_summaries
 from otel_agenttape.tape.read.filters import Filters
 from otel_agenttape.tape.read.run_rows import RUN_COLUMNS
 
@@ -70,8 +71,10 @@ def mixed(tmp_path_factory):
 def _view(tapes, filters: Filters, oldest_first: bool = False) -> list[dict]:
     where, params = filters.where()
     order = "start_time_unix_nano, ref" if oldest_first else "start_time_unix_nano DESC, ref DESC"
-    return [RunSummary.from_row(r).to_dict()
+    rows = [RunSummary.from_row(r)
             for r in _rows(tapes.reader, f"SELECT {RUN_COLUMNS} FROM runs WHERE {where} ORDER BY {order}", params)]
+    price_summaries(tapes.reader, rows, tapes.prices)  # a page's runs carry their cost: the view's rows too
+    return [r.to_dict() for r in rows]
 
 
 def _paged(tapes, **kwargs) -> tuple[list[dict], set[int]]:

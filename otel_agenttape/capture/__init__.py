@@ -36,6 +36,8 @@ _EXPORTS = {
     "setup": "setup",
     "instrument": "setup",
     "make_exporter": "setup",
+    "register": "distro",
+    "configured_tape": "distro",
 }
 
 __all__ = sorted(_EXPORTS)

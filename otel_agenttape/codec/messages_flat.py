@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .jsontext import parse_any_json
+from .messages_langchain import generation_messages
 from .messages_read import Message, to_messages
 
 
@@ -142,9 +143,22 @@ def choice_messages(body: dict[str, Any]) -> list[Message]:
     return out
 
 
+def answer_messages(messages: list[Message]) -> list[Message]:
+    """The answer of a conversation: the messages after its last user, system or tool message (a graph's
+    output state holds the whole conversation, the question first); all of them when every one is the
+    assistant's."""
+    last = max((i for i, m in enumerate(messages) if m.role != "assistant"), default=-1)
+    return messages[last + 1:]
+
+
 def response_messages(value: Any) -> list[Message]:
-    """Output messages from a provider response body (OpenAI chat shape or plain text)."""
+    """Output messages from a provider response body (OpenAI chat shape, LangChain's ``LLMResult``, a
+    conversation or a graph's ``{"messages": [...]}`` state, whose answer they are, or plain text)."""
     value = parse_any_json(value)
+    if isinstance(value, dict):
+        generations = generation_messages(value)
+        if generations is not None:
+            return to_messages(generations, "assistant")
     if isinstance(value, dict) and isinstance(value.get("choices"), list):
         out = []
         for choice in value["choices"]:
@@ -155,7 +169,7 @@ def response_messages(value: Any) -> list[Message]:
                 out.extend(msgs)
         return out
     if isinstance(value, (dict, list)):
-        return to_messages(value, "assistant")
+        return answer_messages(to_messages(value, "assistant"))
     if value is None or value == "":
         return []
     return [Message(role="assistant", parts=[{"type": "text", "content": str(value)}])]

@@ -2,8 +2,9 @@
 
 Content arrives as JSON strings, as structured (kvlist/array) attribute values, in the GenAI
 parts shape (``role`` + ``parts``) or in the OpenAI chat shape (``role`` + ``content`` +
-``tool_calls``). ``to_messages`` accepts all of them and gives back ``Message`` values; ``messages_record``
-holds the other direction's rules (provider SDK shapes as capture records them).
+``tool_calls``), or as LangChain serialised them (``messages_langchain``), alone, in a list or in a graph's
+``{"messages": [...]}`` state. ``to_messages`` accepts all of them and gives back ``Message`` values;
+``messages_record`` holds the other direction's rules (provider SDK shapes as capture records them).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .jsontext import dump_json, parse_any_json
+from .messages_langchain import langchain_message
 
 
 @dataclass
@@ -101,6 +103,9 @@ def to_messages(value: Any, default_role: str = "user") -> list[Message]:
     if isinstance(value, dict):
         if "messages" in value and isinstance(value["messages"], list):
             return to_messages(value["messages"], default_role)
+        lc = langchain_message(value)
+        if lc is not None:
+            return [_one_message(lc, default_role)]
         if "role" in value or "parts" in value:
             return [_one_message(value, default_role)]
         if "type" in value:
@@ -111,14 +116,17 @@ def to_messages(value: Any, default_role: str = "user") -> list[Message]:
     if isinstance(value, list):
         items = [parse_any_json(i) for i in value]
         if items and all(
-            isinstance(i, dict) and "type" in i and "role" not in i and "parts" not in i for i in items
+            isinstance(i, dict) and "type" in i and "role" not in i and "parts" not in i
+            and langchain_message(i) is None for i in items
         ):
             # an array of parts (system instructions) is one message
             return [Message(role=default_role, parts=[_part(i) for i in items])]
         out: list[Message] = []
         for item in items:
             if isinstance(item, dict):
-                out.append(_one_message(item, default_role))
+                out.append(_one_message(langchain_message(item) or item, default_role))
+            elif isinstance(item, list):  # a batch of conversations (LangChain's ``{"messages": [[...]]}``)
+                out.extend(to_messages(item, default_role))
             elif isinstance(item, str):
                 out.append(Message(role=default_role, parts=[{"type": "text", "content": item}]))
         return out

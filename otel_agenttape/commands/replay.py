@@ -12,9 +12,19 @@ from otel_agenttape.commands.sources import read
 from otel_agenttape.codec.jsontext import dump_json
 
 
+def _cost(cost: dict[str, Any]) -> str:
+    from otel_agenttape.pricing import Cost
+
+    return Cost(usd=cost["usd"] if cost["priced_calls"] else None, priced_calls=cost["priced_calls"],
+                unpriced_calls=cost["unpriced_calls"]).text()
+
+
 def _print_run(doc: dict[str, Any], indent: str = "") -> None:
+    cost = f"  cost={_cost(doc['cost'])}" if doc.get("cost") else ""
+    if doc.get("children") and doc.get("tree_cost"):
+        cost += f"  tree_cost={_cost(doc['tree_cost'])}"
     print(f"{indent}run {doc['ref']}  agent={doc['agent']}  status={doc['status']}"
-          + (f"  parent={doc['parent_run_id']}" if doc.get("parent_run_id") else ""))
+          + (f"  parent={doc['parent_run_id']}" if doc.get("parent_run_id") else "") + cost)
     for m in doc["input"]:
         print(f"{indent}  {m['role']}: {short(m['content'])}")
     for t in doc["tools"]:

@@ -7,17 +7,33 @@ id; a bare id that names runs in several traces is refused with the candidates (
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from otel_agenttape.commands.errors import EXIT_OK
 from otel_agenttape.commands.output import short
 from otel_agenttape.commands.sources import read
 from otel_agenttape.codec.jsontext import dump_json
+from otel_agenttape.pricing import format_usd
 from otel_agenttape.tape.model import Run
 
 
-def _print_steps(run: Run, indent: str = "") -> None:
+def _with_cost(tapes: Any, run: Run) -> tuple[Run, dict[str, Any]]:
+    from otel_agenttape.tape.read.cost import run_cost
+
+    return run, run_cost(run, tapes.prices)
+
+
+def _cost_line(cost: dict[str, Any]) -> str:
+    from otel_agenttape.pricing import Cost
+
+    return Cost(usd=cost["usd"] if cost["priced_calls"] else None, priced_calls=cost["priced_calls"],
+                unpriced_calls=cost["unpriced_calls"]).text()
+
+
+def _print_steps(run: Run, cost: dict[str, Any], indent: str = "") -> None:
     head = (f"{indent}run {run.ref}  agent={run.agent}  source={run.source}  status={run.status}"
-            f"  nodes={len(run.nodes)}")
+            f"  nodes={len(run.nodes)}  cost={_cost_line(cost)}")
+    call_usd = {c["span_id"]: c["usd"] for c in cost["calls"]}
     if run.truncated:
         head += f"  TRUNCATED({len(run.truncated)})"
     print(head)
@@ -36,8 +52,9 @@ def _print_steps(run: Run, indent: str = "") -> None:
         elif step.kind == "model-start":
             print(f"{indent}  [{step.index:>3}] model      {p.get('model')}")
         elif step.kind == "model-end":
+            usd = call_usd.get(step.span_id or "")
             print(f"{indent}  [{step.index:>3}] model-end  usage={short(p.get('usage'))}"
-                  f" finish={','.join(p.get('finish_reasons') or [])}")
+                  f" finish={','.join(p.get('finish_reasons') or [])} cost={format_usd(usd)}")
         elif step.kind == "terminal":
             extra = f" ({p['message']})" if p.get("message") else ""
             print(f"{indent}  [{step.index:>3}] terminal   {p.get('status')}{extra}")
@@ -47,10 +64,10 @@ def _print_steps(run: Run, indent: str = "") -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print a run's ordered step stream (``--json``: the steps as JSON)."""
-    rebuilt = read(args, lambda t: t.rebuild(args.run))
+    rebuilt, cost = read(args, lambda t: _with_cost(t, t.rebuild(args.run)))
     if args.json:
         print(dump_json({"run_id": rebuilt.run_id, "ref": rebuilt.ref, "status": rebuilt.status,
-                         "steps": [s.to_json() for s in rebuilt.steps]}))
+                         "cost": cost, "steps": [s.to_json() for s in rebuilt.steps]}))
     else:
-        _print_steps(rebuilt)
+        _print_steps(rebuilt, cost)
     return EXIT_OK

@@ -55,7 +55,22 @@ def open_tapes(args: Any) -> Any:
     """``otel_agenttape.open`` on a command's source; a source that cannot be read is a one-line error."""
     from otel_agenttape.sources import open as open_source_tapes
 
-    return _one_line(lambda: open_source_tapes(source_of(args)))
+    tapes = _one_line(lambda: open_source_tapes(source_of(args)))
+    return with_prices(tapes, getattr(args, "prices", None))
+
+
+def with_prices(tapes: Any, path: str | None) -> Any:
+    """``tapes`` pricing with the ``--prices`` file (when given); a file that cannot be read is a one-line
+    error."""
+    if path:
+        from otel_agenttape.pricing import PricesFileError
+
+        try:
+            tapes.use_prices(path)
+        except PricesFileError as exc:
+            tapes.close()
+            raise CliError(str(exc)) from None
+    return tapes
 
 
 def open_args(args: Any) -> Any:

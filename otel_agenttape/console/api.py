@@ -54,7 +54,22 @@ def _summary(tapes: Any, run: Any, parent_ref: str | None = None) -> dict[str, A
             parent_ref = tapes.locate(run.parent_run_id)
         except (RunNotFound, AmbiguousRunError):
             parent_ref = f"{run.parent_run_id}@{run.trace_id}"
-    return RunSummary.from_run(run, parent_ref).to_dict()
+    out = RunSummary.from_run(run, parent_ref).to_dict()
+    _put_cost(tapes, run, out)
+    return out
+
+
+def _put_cost(tapes: Any, run: Any, out: dict[str, Any]) -> None:
+    """The run's own model calls priced now (``cost``: with each call's dollars), as the list has it."""
+    from otel_agenttape.tape.read.cost import run_cost
+
+    prices = getattr(tapes, "prices", None)
+    if prices is None:
+        return
+    cost = run_cost(run, prices)
+    out["cost"] = cost
+    out["cost_usd"], out["priced_calls"], out["unpriced_calls"] = (
+        cost["usd"], cost["priced_calls"], cost["unpriced_calls"])
 
 
 def run_summary(tapes: Any, ref: str) -> dict[str, Any]:
@@ -93,6 +108,12 @@ def nodes(tapes: Any, ref: str) -> dict[str, Any]:
     """``GET /api/runs/{ref}/nodes``: every model and tool node with its full input and output, and totals."""
     run = tapes.rebuild(ref)
     listed = [_node(n) for n in run.nodes]
+    cost: dict[str, Any] = {}
+    _put_cost(tapes, run, cost)
+    by_span = {c["span_id"]: c["usd"] for c in cost.get("cost", {}).get("calls", [])}
+    for n in listed:
+        if n["type"] == "model" and "cost" in cost:
+            n["cost_usd"] = by_span.get(n["span_id"])
     return {
         "ref": ref,
         "nodes": listed,
@@ -102,6 +123,7 @@ def nodes(tapes: Any, ref: str) -> dict[str, Any]:
             "tool_calls": len(run.tool_nodes),
             "usage": run.usage.to_json(),
             "errors": sum(1 for n in run.nodes if n.status == "error"),
+            "cost": {k: v for k, v in cost.get("cost", {}).items() if k != "calls"} or None,
         },
     }
 
@@ -171,22 +193,40 @@ def _tree(tapes: Any, ref: str) -> dict[str, Any]:
         out["output_preview"] = text[:PREVIEW] + ("…" if len(text) > PREVIEW else "")
         out["tool_list"] = [{"name": t.name, "error": bool(t.error)} for t in run.tools]
         out["children"] = [node(c, out["ref"]) for c in run.children]
+        out.pop("cost", None)  # the run's calls: on its run page
         return out
 
     top = node(root, None)
-    return {"ref": ref, "runs": count, "root": top}
+    return {"ref": ref, "runs": count, "root": top, "tree_cost": _tree_cost(top)}
+
+
+def _tree_cost(root: dict[str, Any]) -> dict[str, Any]:
+    """Every run of a tree priced once: its own calls (``cost_usd``) added up."""
+    usd, priced, unpriced = None, 0, 0
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        stack.extend(n["children"])
+        if n.get("priced_calls"):
+            usd = (usd or 0.0) + float(n["cost_usd"] or 0.0)
+        priced += int(n.get("priced_calls") or 0)
+        unpriced += int(n.get("unpriced_calls") or 0)
+    return {"usd": usd if usd is not None or unpriced else 0.0, "priced_calls": priced, "unpriced_calls": unpriced}
 
 
 def session(tapes: Any, session_id: str) -> dict[str, Any]:
     """``GET /api/sessions/{id}``: the session's turns, oldest first, each with its input and output."""
+    from otel_agenttape.tape.read.cost import total_of
+
     turns = []
-    for s in tapes.session(session_id):
+    listed = tapes.session(session_id)
+    for s in listed:
         d = s.to_dict()
         rep = tapes.replay(d["ref"])
         d["input"] = rep.get("input", [])
         d["output"] = rep.get("output", "")
         turns.append(d)
-    return {"session_id": session_id, "turns": turns}
+    return {"session_id": session_id, "turns": turns, "cost": total_of(listed)}
 
 
 def diff(tapes: Any, a: str | None, b: str | None) -> dict[str, Any]:

@@ -23,6 +23,9 @@ def run(args: argparse.Namespace) -> int:
         tapes = open_tapes(db=db, lake=args.lake, files=args.files or None)
     except ConsoleError as exc:
         raise CliError(str(exc)) from None
+    from otel_agenttape.commands.sources import with_prices
+
+    tapes = with_prices(tapes, getattr(args, "prices", None))
     source = getattr(tapes, "description", "") or db or args.lake or " ".join(args.files)
 
     def ready(url: str) -> None:

@@ -11,7 +11,15 @@ or body deadline the client gets a 408, and the connection is closed):
 - from the end of the headers to the end of the body: ``body_timeout``;
 - the rest of a body the application refused without reading it (413, 401...) is read and
   dropped, so the client gets to read the answer instead of a reset, up to ``drain_bytes`` and
-  ``body_timeout``; past either the connection is closed.
+  ``body_timeout``, and the connection serves the next request;
+- a connection that closes while a request's body is still arriving (the client sent
+  ``Connection: close``, the declared body is past ``drain_bytes``, or a drain ran past it) closes
+  lingering, as nginx does: the answer and a FIN go out, then whatever the client still sends is
+  read and dropped, up to ``linger_bytes`` and ``linger_time`` (``linger_idle`` between reads),
+  before the socket is closed. Closing at once with unread bytes in the socket makes the kernel
+  answer with a reset, which destroys the answer in flight: the client would see "connection
+  reset by peer" and could not tell "too large" from "receiver down". Lingering reads into the
+  connection's one read buffer, so a refused body of any size costs no memory.
 
 Past ``max_connections`` open connections, a new connection's requests are answered 503 with
 ``Retry-After`` and the connection closed (``scope["agenttape.over_limit"]`` tells the app).
@@ -60,6 +68,23 @@ class _Chunks:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+class _LingeringTransport:
+    """The transport a request's cycle writes to: its ``close()`` is the connection's lingering close
+    (uvicorn's cycle closes the transport itself once a response with ``Connection: close`` is sent)."""
+
+    __slots__ = ("_protocol", "_transport")
+
+    def __init__(self, protocol: BoundedProtocol, transport: asyncio.Transport) -> None:
+        self._protocol = protocol
+        self._transport = transport
+
+    def close(self) -> None:
+        self._protocol.close_lingering()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class BoundedProtocol(HttpToolsProtocol, asyncio.BufferedProtocol):
     """One connection; ``limits`` and ``on_refused(reason)`` are set on a subclass by ``protocol_class``."""
 
@@ -73,6 +98,9 @@ class BoundedProtocol(HttpToolsProtocol, asyncio.BufferedProtocol):
         self._drained = 0
         self._over_limit = False
         self._read_view: memoryview | None = None
+        self._lingering = False
+        self._linger_left = 0  # bytes a lingering close still reads and drops
+        self._linger_end = 0.0  # loop time a lingering close ends at
 
     # -- deadlines ----------------------------------------------------------------------------
 
@@ -125,7 +153,41 @@ class BoundedProtocol(HttpToolsProtocol, asyncio.BufferedProtocol):
         return view
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._lingering:
+            self._dropped(nbytes)
+            return
         self.data_received(self._read_view[:nbytes])  # type: ignore[index, arg-type]
+
+    # -- lingering close ----------------------------------------------------------------------
+
+    def close_lingering(self) -> None:
+        """Close after the answer; while the request's body is still arriving, linger (module doc)."""
+        transport = self.transport
+        if self._lingering or transport is None or transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or not transport.can_write_eof():
+            transport.close()  # nothing unread is on its way: a plain close sends no reset
+            return
+        self._lingering = True
+        limits = self.limits
+        self._linger_left = limits.linger_bytes
+        self._linger_end = self.loop.time() + limits.linger_time
+        transport.write_eof()  # asyncio sends what is buffered (the answer), then the FIN
+        self.flow.resume_reading()
+        self._arm("linger", min(limits.linger_idle, limits.linger_time))
+
+    def _dropped(self, nbytes: int) -> None:
+        """Bytes read while lingering: drop them; past the byte or time bound, close."""
+        self._linger_left -= nbytes
+        remaining = self._linger_end - self.loop.time()
+        if self._linger_left < 0 or remaining <= 0:
+            log.info("closing an HTTP connection from %s: linger limit", self.client)
+            self.on_refused("linger_limit")
+            self._disarm()
+            self.transport.close()
+            return
+        self._arm("linger", min(self.limits.linger_idle, remaining))
 
     def data_received(self, data: bytes) -> None:
         """uvicorn's, with llhttp's reason in the 400 (for instance "Transfer-Encoding can't be
@@ -164,15 +226,16 @@ class BoundedProtocol(HttpToolsProtocol, asyncio.BufferedProtocol):
         if self._over_limit:
             self.scope[OVER_LIMIT] = True  # type: ignore[typeddict-unknown-key]
         super().on_headers_complete()
+        self.cycle.transport = _LingeringTransport(self, self.transport)  # type: ignore[assignment]
         self._arm("body", self.limits.body_timeout)
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
         if cycle.response_complete:
             self._drained += len(body)
-            if self._drained > self.limits.drain_bytes:
+            if self._drained > self.limits.drain_bytes and not self._lingering:
                 self.on_refused("drain_limit")
-                self.transport.close()
+                self.close_lingering()
             return
         # uvicorn appends each chunk to a bytearray, copies it out per receive() and pauses reading
         # past 64 KiB: a 1 MB export body cost a dozen loop turns and four copies. The chunks are
@@ -197,7 +260,7 @@ class BoundedProtocol(HttpToolsProtocol, asyncio.BufferedProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         cycle = self.cycle
-        if self.transport.is_closing() or cycle is None or not cycle.response_complete:
+        if self._lingering or self.transport.is_closing() or cycle is None or not cycle.response_complete:
             return  # closing, or a pipelined request is being answered now
         if self._phase == "header" and self._deadline is not None:
             return  # the next request's head is arriving: its deadline stands

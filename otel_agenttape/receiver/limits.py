@@ -20,6 +20,12 @@ DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_HEADER_TIMEOUT = 10.0  # from a request's first byte to the end of its headers
 DEFAULT_BODY_TIMEOUT = 60.0  # from the end of the headers to the end of the body
 DEFAULT_IDLE_TIMEOUT = 60.0  # a kept-alive connection with no request (SDKs export every 5 s)
+# After answering a request whose body it did not read, a closing connection sends its answer and a
+# FIN, then reads and drops what the client still sends (a lingering close, as nginx's): closing at
+# once with unread bytes makes the kernel send a reset, and the client loses the answer.
+DEFAULT_LINGER_TIME = 30.0  # seconds a closing connection reads and drops at most (nginx's lingering_time)
+DEFAULT_LINGER_IDLE = 5.0  # seconds it waits for the next bytes (nginx's lingering_timeout)
+DEFAULT_LINGER_BYTES = 1024 * 1024 * 1024  # bytes it reads and drops at most
 
 
 @dataclass(frozen=True)
@@ -32,12 +38,15 @@ class Limits:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    linger_time: float = DEFAULT_LINGER_TIME
+    linger_idle: float = DEFAULT_LINGER_IDLE
+    linger_bytes: int = DEFAULT_LINGER_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("max_body", "max_spans_per_request", "max_connections"):
+        for name in ("max_body", "max_spans_per_request", "max_connections", "linger_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        for name in ("header_timeout", "body_timeout", "idle_timeout"):
+        for name in ("header_timeout", "body_timeout", "idle_timeout", "linger_time", "linger_idle"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be more than 0 seconds")
 
@@ -48,6 +57,6 @@ class Limits:
 
     @property
     def drain_bytes(self) -> int:
-        """How much of a refused body is read and dropped so the client reads the answer instead of a
-        reset; a longer declared body gets the answer and the connection closed at once."""
+        """How much of a refused body is read and dropped while the connection stays usable for the
+        next request; a longer declared body gets the answer and a lingering close (``linger_*``)."""
         return max(4 * self.max_body, 64 * 1024 * 1024)

@@ -217,6 +217,13 @@ class TapeServer:
         if self.db is None:
             raise ValueError("a receiver publishing into a lake needs a DuckDB file (--db): it is the hot store")
         receiver = self.receiver_id or default_receiver_id()
+        from otel_agenttape.store.lake.iceberg_catalog import is_iceberg_uri
+
+        if is_iceberg_uri(self.lake):
+            from otel_agenttape.store.lake.iceberg_publish import IcebergPublisher
+
+            self.publisher = IcebergPublisher(self.store, self.lake, receiver, **self.lake_options).start()
+            return
         self.publisher = LakePublisher(self.store, self.lake, receiver, **self.lake_options).start()
 
     def _warm(self) -> None:

@@ -41,10 +41,11 @@ def open_lake(root: str | Sequence[str]) -> ConnectionReader:
     manifest, and a list of lakes and DuckDB files is read as one store (``store/lake/read.py``);
     a plain exported folder is read by its layout."""
     from otel_agenttape.store.lake import is_lake_uri, open_sources
+    from otel_agenttape.store.lake.iceberg_catalog import is_iceberg_uri
 
     if not isinstance(root, (str, os.PathLike)):
         return open_sources(list(root))
-    if is_lake_uri(os.fspath(root)):
+    if is_lake_uri(os.fspath(root)) or is_iceberg_uri(os.fspath(root)):
         return open_sources([os.fspath(root)])
     root = os.path.abspath(root)
     con = duckdb.connect(":memory:")
@@ -128,7 +129,7 @@ def open_reader(source: Any) -> Reader:
     src = os.fspath(source)
     if src.startswith(("http://", "https://")):
         return HttpReader(src)
-    if src.startswith("s3://") or os.path.isdir(os.path.join(src, "_manifest")):
+    if src.startswith(("s3://", "iceberg+")) or os.path.isdir(os.path.join(src, "_manifest")):
         return open_lake(src)
     if os.path.isdir(src):
         if not is_lake(src):

@@ -319,7 +319,8 @@ def _traceloop_input(value: Any) -> Any:
 
 
 def run_content(span: SpanRow) -> tuple[list[Message], list[Message], str | None]:
-    """Input messages, output messages and agent name a run span itself carries (any convention)."""
+    """Input messages, output messages and agent name a run span itself carries (any convention); a message
+    with nothing in it (no text, no tool call) is left out, so a run span that carries none says so."""
     a = span.attrs
     inputs = system_messages(a.get(sc.GEN_AI_SYSTEM_INSTRUCTIONS))
     if a.get(sc.GEN_AI_INPUT_MESSAGES) is not None:
@@ -337,6 +338,8 @@ def run_content(span: SpanRow) -> tuple[list[Message], list[Message], str | None
         outputs = response_messages(a[sc.OI_OUTPUT_VALUE])
     elif a.get(sc.TRACELOOP_ENTITY_OUTPUT) is not None:
         outputs = response_messages(a[sc.TRACELOOP_ENTITY_OUTPUT])
+    inputs = [m for m in inputs if m.parts]
+    outputs = [m for m in outputs if m.parts]
     agent = _first(a, sc.GEN_AI_AGENT_NAME, OI_AGENT_NAME) or span.agent_name
     if agent is None and str(a.get(sc.TRACELOOP_SPAN_KIND) or "").lower() in ("agent", "workflow"):
         agent = _first(a, sc.TRACELOOP_ENTITY_NAME, sc.TRACELOOP_WORKFLOW_NAME)

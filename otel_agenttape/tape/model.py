@@ -171,6 +171,8 @@ class Run:
     input: list[Message] = field(default_factory=list)
     output: str = ""
     output_messages: list[Message] = field(default_factory=list)
+    input_from: str | None = None  # "model_call": its own spans carry no input, read from a model call
+    output_from: str | None = None  # likewise for the output
     tools: list[ToolCall] = field(default_factory=list)
     tool_definitions: list[dict[str, Any]] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
@@ -220,6 +222,10 @@ class Run:
         }
         if self.previous_run_id:
             out["previous_run_id"] = self.previous_run_id
+        if self.input_from:
+            out["input_from"] = self.input_from
+        if self.output_from:
+            out["output_from"] = self.output_from
         if self.status_message:
             out["status_message"] = self.status_message
         if self.truncated:

@@ -9,7 +9,7 @@ or by span links.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ from .stream import build_steps, tool_calls
 
 MAX_TREE_DEPTH = 64
 STATUS_INCOMPLETE = "incomplete"
+MODEL_CALL = "model_call"  # a run's input_from / output_from: read from model calls, not its own spans
 Key = tuple[str, str]  # (run key, trace id)
 
 __all__ = ["AmbiguousRunError", "RunNotFound", "build_steps", "reconstruct", "reconstruct_tree"]
@@ -210,6 +211,23 @@ class _Index:
         return out
 
 
+    def models_below(self, key: Key) -> list[Node]:
+        """The model calls of every run this one started that the index holds, in start order."""
+        seen, todo, spans = {key}, [key], []
+        while todo:
+            for kid in self.child_keys(todo.pop()):
+                if kid not in seen:
+                    seen.add(kid)
+                    todo.append(kid)
+                    spans += [s for s in self.runs[kid].node_spans if foreign.classify(s) == foreign.MODEL]
+        nodes = [foreign.model_node(s) for s in sorted(spans, key=lambda s: (s.start_ns, s.span_id))]
+        return nodes
+
+    def build(self, key: Key) -> Run:
+        """The run ``key`` names, its input and output read from the runs below it where it has none."""
+        return build_run(self.runs[key], lambda: self.models_below(key))
+
+
 def _agent_of(span: SpanRow) -> str | None:
     name = span.agent_name or span.attrs.get(sc.GEN_AI_AGENT_NAME) or span.attrs.get(sc.OI_AGENT_NAME)
     return str(name) if name else None
@@ -221,7 +239,7 @@ def reconstruct(reader: Reader, ref: str) -> Run:
     ``ref`` is ``RUN_ID@TRACE_ID``, a trace id (its root run) or a bare run id naming one run."""
     target = resolve(reader, ref)
     index = _Index(_load(reader, target.windows, links=False))
-    return build_run(index.runs[index.find(target)])
+    return index.build(index.find(target))
 
 
 def _load(reader: Reader, windows: Windows, ts: TraceSet | None = None, *, links: bool = True) -> TraceSet:
@@ -258,7 +276,7 @@ def reconstruct_tree(reader: Reader, ref: str) -> RunTree:
     built: dict[Key, Run] = {}
 
     def build(key: Key, depth: int, seen: set[Key]) -> Run:
-        run = built.get(key) or build_run(index.runs[key])
+        run = built.get(key) or index.build(key)
         built[key] = run
         if depth < MAX_TREE_DEPTH:
             kids = [k for k in index.child_keys(key) if k not in seen]
@@ -315,7 +333,37 @@ def _status(run_spans: list[SpanRow], root: SpanRow | None, nodes: list[Node]) -
     return sc.STATUS_COMPLETED, None
 
 
-def build_run(parts: _RunParts) -> Run:
+def _run_io(inputs: list[Message], outputs: list[Message], models: list[Node],
+            below: Callable[[], list[Node]] | None) -> tuple[list[Message], str | None, str, str | None]:
+    """The run's input and output, and where each came from when its own spans carry none (``model_call``).
+
+    A run span's own content comes first. Without it a run with model calls of its own takes the first
+    call's prompt and the last call's answer; a run with none (a workflow whose agents are child runs, as
+    the Agents SDK and LangGraph instrumentations record them) takes the last user message of the first
+    model call below it and the answer of the last one (``below`` lists those calls, in start order)."""
+    input_from = output_from = None
+    if models and not inputs:
+        inputs, input_from = models[0].prompt, MODEL_CALL
+    elif models and not any(m.role == "system" for m in inputs) and models[0].system_instructions:
+        inputs = list(models[0].system_instructions) + inputs
+    if outputs:
+        return inputs, input_from, "".join(m.text for m in outputs), None
+    if models:
+        output = models[-1].output_text
+        return inputs, input_from, output, MODEL_CALL if output else None
+    calls = below() if below is not None else []
+    if not inputs and calls:
+        users = [m for m in calls[0].prompt if m.role == "user"]
+        if users:
+            inputs, input_from = users[-1:], MODEL_CALL
+    last = max(calls, key=lambda n: (n.end_ns, n.start_ns), default=None)
+    output = last.output_text if last is not None else ""
+    return inputs, input_from, output, MODEL_CALL if output else None
+
+
+def build_run(parts: _RunParts, below: Callable[[], list[Node]] | None = None) -> Run:
+    """One run from the spans it owns; ``below`` lists the model calls of the runs it started, which give
+    its input and output when neither its own spans nor model calls of its own do."""
     run_spans = sorted(parts.run_spans, key=lambda s: s.start_ns)
     root = run_spans[0] if run_spans else parts.implicit_root
     nodes = [n for n in (foreign.node_of(s) for s in parts.node_spans) if n is not None]
@@ -337,14 +385,7 @@ def build_run(parts: _RunParts) -> Run:
         outputs = o or outputs
         agent = agent or a
     models = [n for n in nodes if n.node_type == "model"]
-    if not inputs and models:
-        inputs = models[0].prompt
-    elif models and not any(m.role == "system" for m in inputs) and models[0].system_instructions:
-        inputs = list(models[0].system_instructions) + inputs
-    if outputs:
-        output = "".join(m.text for m in outputs)
-    else:
-        output = "".join(n.output_text for n in models)
+    inputs, input_from, output, output_from = _run_io(inputs, outputs, models, below)
     source = foreign.source(run_spans[0]) if run_spans else (
         foreign.source(min(parts.node_spans, key=lambda s: (s.start_ns, s.span_id))) if parts.node_spans
         else sc.SOURCE_AGENTTAPE)
@@ -396,7 +437,9 @@ def build_run(parts: _RunParts) -> Run:
         service_name=first.service_name if first is not None else None,
         convention=foreign.convention(first) if first is not None else "genai",
         input=inputs,
+        input_from=input_from,
         output=output,
+        output_from=output_from,
         output_messages=outputs,
         tools=tool_calls(nodes),
         tool_definitions=list(tool_defs.values()),
@@ -431,6 +474,5 @@ def iter_runs(reader: Reader, refs: Sequence[str], batch_traces: int = 200) -> I
         traces = sorted({t for _, t in batch if t})
         index = _Index(_load(reader, trace_windows(reader, traces), links=False))
         for key, trace in batch:
-            parts = index.runs.get((key, trace or key))
-            if parts is not None:
-                yield build_run(parts)
+            if (key, trace or key) in index.runs:
+                yield index.build((key, trace or key))

@@ -79,6 +79,25 @@ export function fmtInt(n) {
   return Number(n).toLocaleString("en-US");
 }
 
+// Dollars as pricing.format_usd writes them; a cost no price was found for is "unknown", never $0.
+export function fmtUsd(usd) {
+  if (usd === null || usd === undefined) return "unknown";
+  const v = Number(usd);
+  if (v === 0) return "$0";
+  if (Math.abs(v) >= 1) return `$${v.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 })}`;
+  return Math.abs(v) >= 0.0001 ? `$${v.toFixed(4)}` : `$${v.toFixed(6)}`;
+}
+
+// A run's (or a total's) cost: "$0.0123", "$0.0123 +2?" (2 calls without a price), "unknown".
+export function fmtCost(usd, unpriced) {
+  if (usd === null || usd === undefined) return unpriced ? "unknown" : "$0";
+  return fmtUsd(usd) + (unpriced ? ` +${unpriced}?` : "");
+}
+
+export function costTitle(unpriced) {
+  return unpriced ? `${unpriced} model call${unpriced === 1 ? "" : "s"} without a price: cost unknown, not 0` : "";
+}
+
 export function shortId(id, n = 8) {
   const s = String(id || "");
   return s.length > n + 2 ? s.slice(0, n) + "…" : s;

@@ -1,18 +1,21 @@
 // A session's turns, a diff of two runs side by side, and the verification of every tape.
 
 import { enc, get } from "./api.js";
-import { badge, clear, fmtDuration, fmtTime, h, jsonFold, longText, shortId, valueView, put } from "./dom.js";
+import { badge, clear, fmtCost, fmtDuration, fmtTime, h, jsonFold, longText, shortId, valueView, put } from "./dom.js";
 import { chat } from "./run.js";
 
 export async function sessionView(view, id) {
   const data = await get(`sessions/${enc(id)}`);
   put(view, 
     h("div", { class: "bar" }, h("h1", {}, "Session"), h("code", {}, id),
-      h("span", { class: "muted" }, `${data.turns.length} turn${data.turns.length === 1 ? "" : "s"}`)),
+      h("span", { class: "muted" }, `${data.turns.length} turn${data.turns.length === 1 ? "" : "s"}`),
+      data.cost ? h("span", { class: "muted", id: "session-cost" },
+        `cost ${fmtCost(data.cost.usd, data.cost.unpriced_calls)}`) : null),
     h("ol", { class: "turns", id: "turns" }, data.turns.map((t, i) => h("li", { class: "turn", data: { ref: t.ref } },
       h("div", { class: "turn-head" }, h("strong", {}, `Turn ${i + 1}`), " ",
         h("a", { href: `#/run/${enc(t.ref)}` }, t.agent || "(unnamed)"), " ", badge(t.status),
-        h("span", { class: "muted" }, ` ${fmtTime(t.start_ns)} · ${fmtDuration(t.duration_ms)}`)),
+        h("span", { class: "muted" }, ` ${fmtTime(t.start_ns)} · ${fmtDuration(t.duration_ms)}` +
+          ("cost_usd" in t ? ` · ${fmtCost(t.cost_usd, t.unpriced_calls)}` : ""))),
       chat((t.input || []).filter((m) => m.role !== "system")),
       h("div", { class: "msg role-assistant" }, h("div", { class: "role" }, "output"), longText(t.output || "", "content")))))
   );

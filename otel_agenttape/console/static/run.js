@@ -2,7 +2,7 @@
 // its spans, and the replay JSON.
 
 import { download, enc, get, verification } from "./api.js";
-import { badge, clear, fmtDuration, fmtInt, fmtTime, h, jsonFold, longText, plural, put, shortId, valueView } from "./dom.js";
+import { badge, clear, costTitle, fmtCost, fmtDuration, fmtInt, fmtTime, fmtUsd, h, jsonFold, longText, plural, put, shortId, valueView } from "./dom.js";
 import { verifyBadge } from "./runs.js";
 
 function message(m) {
@@ -34,16 +34,24 @@ function coalesce(steps) {
   return out;
 }
 
+// A run whose own spans carry no input (or output) shows the one read from a model call, and says so.
+function fromNote(from, what, call) {
+  return from === "model_call" ? h("p", { class: "muted from-note", data: { from: what } },
+    `The run's own span carries no ${what}: this is ${call}'s.`) : null;
+}
+
 function stepView(st, t0) {
   const offset = st.time_ns && t0 ? fmtDuration(Number(BigInt(st.time_ns) - BigInt(t0)) / 1e6) : "";
   let body = null;
   switch (st.kind) {
-    case "input": body = chat(st.content); break;
+    case "input": body = h("div", {}, chat(st.content), fromNote(st.input_from, "input", "the first model call")); break;
     case "text": body = h("div", { class: "assistant" }, longText(st.content, "content")); break;
     case "reasoning": body = h("div", { class: "reasoning" }, longText(st.content, "content")); break;
     case "tool_call": body = valueView(st.content, "arguments"); break;
     case "tool_result": body = valueView(st.content, st.status === "error" ? "error" : "result"); break;
-    case "terminal": body = h("div", {}, badge(st.status), st.content ? h("span", { class: "muted" }, ` ${st.content}`) : null); break;
+    case "terminal": body = h("div", {}, badge(st.status), st.content ? h("span", { class: "muted" }, ` ${st.content}`) : null,
+      st.output ? h("div", { class: "assistant" }, longText(st.output, "content")) : null,
+      fromNote(st.output_from, "output", "the last model call")); break;
     default: body = valueView(st.content, st.name || st.kind);
   }
   const title = [st.name, st.kind === "tool_call" || st.kind === "tool_result" ? st.call_id : null]
@@ -67,6 +75,9 @@ function nodeView(n) {
     h("span", { class: "muted" }, fmtDuration(n.duration_ms)),
     n.usage && (n.usage.input_tokens || n.usage.output_tokens)
       ? h("span", { class: "muted" }, `tokens ${fmtInt(n.usage.input_tokens || 0)} / ${fmtInt(n.usage.output_tokens || 0)}`) : null,
+    n.type === "model" && "cost_usd" in n
+      ? h("span", { class: `muted node-cost${n.cost_usd === null ? " unpriced" : ""}`,
+        title: n.cost_usd === null ? "no price for this model: cost unknown, not 0" : "" }, `cost ${fmtUsd(n.cost_usd)}`) : null,
     n.retry_count ? h("span", { class: "warn" }, `${n.retry_count} retr${n.retry_count === 1 ? "y" : "ies"}`) : null,
     (n.truncated || []).length ? h("span", { class: "warn" }, `truncated: ${n.truncated.join(", ")}`) : null);
   const body = [];
@@ -128,6 +139,9 @@ export async function runView(view, ref, params) {
     ["duration", fmtDuration(summary.duration_ms)],
     ["model / tool calls", `${summary.model_calls} / ${summary.tool_calls}`],
     ["tokens in / out", `${fmtInt(summary.input_tokens || 0)} / ${fmtInt(summary.output_tokens || 0)}`],
+    ["cost", "cost_usd" in summary ? h("span", { id: "run-cost", class: summary.unpriced_calls ? "unpriced" : "",
+      title: costTitle(summary.unpriced_calls) }, fmtCost(summary.cost_usd, summary.unpriced_calls) +
+      (summary.unpriced_calls ? ` (${summary.unpriced_calls} call${summary.unpriced_calls === 1 ? "" : "s"} without a price)` : "")) : ""],
     ["errors", String(summary.errors || 0)],
     ["models", (summary.models || []).join(", ")],
     ["tools", (summary.tools || []).join(", ")],
@@ -156,7 +170,8 @@ export async function runView(view, ref, params) {
     const t = data.totals;
     panel.append(h("p", { class: "totals" },
       `${t.model_calls} model and ${t.tool_calls} tool nodes · ${fmtDuration(t.duration_ms)} · tokens in ` +
-      `${fmtInt(t.usage.input_tokens || 0)} / out ${fmtInt(t.usage.output_tokens || 0)} · ${plural(t.errors, "error", "errors")}`),
+      `${fmtInt(t.usage.input_tokens || 0)} / out ${fmtInt(t.usage.output_tokens || 0)} · ` +
+      (t.cost ? `cost ${fmtCost(t.cost.usd, t.cost.unpriced_calls)} · ` : "") + plural(t.errors, "error", "errors")),
     h("div", { class: "nodes", id: "nodes" }, data.nodes.map(nodeView)));
   } else if (tab === "timeline") {
     panel.appendChild(waterfall(await get(`runs/${enc(ref)}/spans`)));

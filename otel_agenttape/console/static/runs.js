@@ -1,7 +1,7 @@
 // The runs list: filters, newest first, paged by cursor, kept up to date by polling the first page.
 
 import { AuthNeeded, enc, get, verification } from "./api.js";
-import { badge, clear, fmtDuration, fmtInt, fmtTime, h, shortId, put } from "./dom.js";
+import { badge, clear, costTitle, fmtCost, fmtDuration, fmtInt, fmtTime, h, shortId, put } from "./dom.js";
 
 const FILTERS = [
   ["text", "search content"], ["agent", "agent"], ["status", "status"], ["service", "service"],
@@ -43,6 +43,8 @@ function row(r, selected, onSelect) {
     h("td", { class: "num" }, fmtDuration(r.duration_ms)),
     h("td", { class: "num" }, `${r.model_calls} / ${r.tool_calls}`),
     h("td", { class: "num" }, tokens(r)),
+    h("td", { class: `num cost${r.unpriced_calls ? " unpriced" : ""}`, title: costTitle(r.unpriced_calls) },
+      fmtCost(r.cost_usd, r.unpriced_calls)),
     h("td", { class: "num" }, r.errors ? h("span", { class: "errors" }, String(r.errors)) : "0"),
     h("td", { class: "vcell" }, verifyBadge(r.tape_id, undefined)),
     h("td", { class: "muted" }, r.source || ""),
@@ -82,7 +84,7 @@ export async function runsView(view, params, onError) {
   const tbody = h("tbody", { id: "runs-body" });
   const table = h("table", { class: "runs", id: "runs" },
     h("thead", {}, h("tr", {}, ["", "status", "agent", "service", "session", "start", "duration",
-      "model / tool", "tokens in / out", "errors", "verification", "source", ""].map((c) => h("th", {}, c)))),
+      "model / tool", "tokens in / out", "cost", "errors", "verification", "source", ""].map((c) => h("th", {}, c)))),
     tbody);
   const more = h("button", { type: "button", id: "more", hidden: true }, "Load more");
   put(view, h("div", { class: "bar" }, h("h1", {}, "Runs"), summary, live, diffButton), form, table, more);
@@ -109,7 +111,7 @@ export async function runsView(view, params, onError) {
       tbody.appendChild(row(r, selected, onSelect));
     }
     if (!tbody.firstChild) {
-      tbody.appendChild(h("tr", {}, h("td", { colspan: 13, class: "muted empty" }, "No runs match.")));
+      tbody.appendChild(h("tr", {}, h("td", { colspan: 14, class: "muted empty" }, "No runs match.")));
     }
     summary.textContent = `${fmtInt(page.total)} run${page.total === 1 ? "" : "s"}` +
       (Object.keys(filters).length ? " matching" : "");
@@ -125,7 +127,7 @@ export async function runsView(view, params, onError) {
   });
 
   const keyOf = (page) => `${page.total}|${page.runs.map((r) => r.ref + r.status).join(",")}`;
-  tbody.appendChild(h("tr", {}, h("td", { colspan: 13, class: "muted empty" }, "Loading runs…")));
+  tbody.appendChild(h("tr", {}, h("td", { colspan: 14, class: "muted empty" }, "Loading runs…")));
   const first = await get("runs", filters);
   render(first, false);
 

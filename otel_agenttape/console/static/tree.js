@@ -2,7 +2,7 @@
 // bus line), drawn in SVG, panned by dragging and zoomed with the wheel; a click opens that run.
 
 import { enc, get } from "./api.js";
-import { clear, fmtDuration, fmtInt, h, plural, s, put } from "./dom.js";
+import { clear, fmtCost, fmtDuration, fmtInt, h, plural, s, put } from "./dom.js";
 
 const W = 230, H = 118, GX = 26, GY = 64, ROW_GAP = 46, WRAP = 6;
 
@@ -146,7 +146,9 @@ export async function treeView(view, ref) {
     h("div", { class: "bar" }, h("h1", {}, `Tree of ${root.agent || "(unnamed)"}`),
       h("a", { href: `#/run/${enc(root.ref)}`, class: "button" }, "Open the root run")),
     h("p", { class: "totals" }, `${t.runs} runs · ${t.models} model and ${t.tools} tool calls · tokens in ` +
-      `${fmtInt(t.input)} / out ${fmtInt(t.output)} (each run's own calls, counted once) · ${plural(t.errors, "error", "errors")} · ` +
+      `${fmtInt(t.input)} / out ${fmtInt(t.output)}` +
+      (data.tree_cost ? ` · cost ${fmtCost(data.tree_cost.usd, data.tree_cost.unpriced_calls)}` : "") +
+      ` (each run's own calls, counted once) · ${plural(t.errors, "error", "errors")} · ` +
       "drag to pan, wheel to zoom, click a node to open its run"),
     wrap);
 

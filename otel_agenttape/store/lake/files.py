@@ -81,7 +81,7 @@ def write_stream(lake: LakeFS, key: str, table: str, batches: Iterable[pa.Record
                 writer.close()
         if n == 0:
             raise _Empty
-        size, digest = _size_and_hash(tmp)
+        size, digest = size_and_hash(tmp)
     return {"table": table, "key": key, "rows": n, "bytes": size, "sha256": digest, "min_time": lo, "max_time": hi}
 
 
@@ -97,7 +97,8 @@ def write_or_skip(lake: LakeFS, key: str, table: str, batches: Iterable[Any], le
         return None
 
 
-def _size_and_hash(path: str) -> tuple[int, str]:
+def size_and_hash(path: str) -> tuple[int, str]:
+    """A written file's size and sha256 (hex), read back in 8 MiB pieces: what a lake records of it."""
     h = hashlib.sha256()
     size = 0
     with open(path, "rb") as fh:

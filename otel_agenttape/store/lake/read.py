@@ -139,14 +139,19 @@ def _folder_catalog(lake: LakeFS) -> mf.Catalog:
 class LakeSet:
     """The catalogs a reader was opened over; verification asks it about files and retention."""
 
-    def __init__(self, catalogs: list[mf.Catalog], missing: list[tuple[mf.Catalog, str]]) -> None:
+    def __init__(self, catalogs: list[mf.Catalog], missing: list[tuple[mf.Catalog, str]],
+                 icebergs: Sequence[Any] = ()) -> None:
         self.catalogs = catalogs
         self.missing = missing  # (catalog, key) of listed files not in the lake when it was opened
+        self.icebergs = list(icebergs)  # iceberg_read.IcebergLake: they answer for their own tables
 
     def retained_ranges(self) -> dict[tuple[str, int], list[tuple[int, int, str]]]:
         out: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
         for cat in self.catalogs:
             for k, v in cat.retained_ranges().items():
+                out.setdefault(k, []).extend(v)
+        for ice in self.icebergs:
+            for k, v in ice.retained_ranges().items():
                 out.setdefault(k, []).extend(v)
         return out
 
@@ -170,14 +175,20 @@ class LakeSet:
                                                               "edited or replaced"})
                 elif hashes and mf.file_sha256(cat.lake, f["key"]) != f["sha256"]:
                     problems.append({"file": where, "problem": "sha256 differs from the manifest: edited"})
+        for ice in self.icebergs:
+            problems.extend(ice.check_files(hashes))
         return problems
 
     def files(self) -> int:
-        return sum(len(c.files) for c in self.catalogs)
+        return sum(len(c.files) for c in self.catalogs) + sum(len(v) for i in self.icebergs for v in i.files.values())
 
 
 def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
-    """One reader over lakes (folders with ``_manifest/`` or ``s3://`` URIs) and DuckDB files together."""
+    """One reader over lakes (Iceberg catalogs by URL, folders with ``_manifest/`` or ``s3://`` URIs) and
+    DuckDB files together."""
+    from otel_agenttape.store.lake.iceberg_catalog import is_iceberg_uri
+    from otel_agenttape.store.lake.iceberg_read import IcebergLake
+
     if not sources:
         raise StoreError("no source: give a lake (--lake) or a store")
     con = duckdb.connect(":memory:")
@@ -186,9 +197,18 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
     missing: list[tuple[mf.Catalog, str]] = []
     allowed: list[str] = []
     registry: dict[str, Any] = {}
+    icebergs: list[Any] = []
     try:
         for n, src in enumerate(os.fspath(s) for s in sources):
-            if is_lake_uri(src):
+            if is_iceberg_uri(src):
+                ice = IcebergLake(src)
+                if not ice.tables:
+                    raise StoreError(f"{src} holds no agenttape tables (namespace {ice.parsed.namespace}): "
+                                     "nothing published there yet")
+                icebergs.append(ice)
+                allowed.extend(ice.local_roots())
+                found = ice.sources(con, n, registry)
+            elif is_lake_uri(src):
                 lake = lake_fs(src)
                 cat = mf.load_catalog(lake)
                 if not cat.listed:
@@ -228,7 +248,7 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
         con.execute("SET enable_external_access = false")
         con.execute("SET autoload_known_extensions = false")
         con.execute("SET lock_configuration = true")
-    except (duckdb.Error, LakeError) as exc:
+    except (duckdb.Error, LakeError, ValueError) as exc:
         con.close()
         raise StoreError(str(exc)) from exc
     except BaseException:
@@ -236,10 +256,11 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
         raise
     reader = ConnectionReader(con, description=", ".join(os.fspath(s) for s in sources), kind="lake",
                               registered=registry)
-    reader.lakes = LakeSet(catalogs, missing)  # type: ignore[attr-defined]
+    reader.lakes = LakeSet(catalogs, missing, icebergs)  # type: ignore[attr-defined]
     reader.run_index_view = RUN_TRACES  # type: ignore[attr-defined]
     # the views read the files listed when the reader was opened, and a lake file is never rewritten (a
     # DuckDB file is attached read-only): what the reader answers cannot change while it is open, so the
     # read model keeps a runs page's keys under this version (tape/read/kept.store_version)
-    reader.fixed_version = sum(int(f.get("rows") or 0) for c in catalogs for f in c.files.values())  # type: ignore[attr-defined]
+    reader.fixed_version = (sum(int(f.get("rows") or 0) for c in catalogs for f in c.files.values())
+                            + sum(i.rows() for i in icebergs))  # type: ignore[attr-defined]
     return reader

@@ -32,6 +32,8 @@ def step_dicts(run: Run) -> list[dict[str, Any]]:
         }
         if step.kind == "input":
             item["content"] = p.get("messages")
+            if run.input_from:
+                item["input_from"] = run.input_from  # its own spans carry none: read from a model call
         elif step.kind in ("text", "reasoning"):
             item["content"] = p.get("text")
             item["name"] = node.model if node else None
@@ -50,5 +52,8 @@ def step_dicts(run: Run) -> list[dict[str, Any]]:
             item["status"] = "error" if p.get("error") else "ok"
         elif step.kind == "terminal":
             item["name"], item["status"], item["content"] = run.agent, p.get("status"), p.get("message")
+            item["output"] = run.output
+            if run.output_from:
+                item["output_from"] = run.output_from
         out.append(item)
     return out

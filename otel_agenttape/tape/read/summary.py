@@ -37,6 +37,10 @@ class RunSummary:
     tools: list[str] = field(default_factory=list)
     incomplete: bool = False
     status_message: str | None = None
+    # cost at read time (tape/read/cost.py): dollars of the priced model calls, None when none had a price
+    cost_usd: float | None = None
+    priced_calls: int = 0
+    unpriced_calls: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -17,6 +17,8 @@ from ..load import Reader
 from ..model import Run
 from ..rebuild import reconstruct, reconstruct_tree, run_span_keys
 from ..refs import RunNotFound, resolve
+from ...pricing import Prices
+from .cost import add_tree_cost, calls_of_runs, price_summaries, run_cost, total_of
 from .filters import Filters, as_ns
 from .kept import store_version
 from .listing import all_matching, by_refs, page, trace_runs
@@ -28,15 +30,48 @@ from .summary import Page, RunSummary
 MEMO_ENTRIES = 256
 
 
+def _tree_total(doc: dict[str, Any]) -> dict[str, Any]:
+    """The cost of a tree node's run and of every run below it (each counted once)."""
+    usd = doc["cost_usd"] if doc["priced_calls"] else None
+    priced, unpriced = doc["priced_calls"], doc["unpriced_calls"]
+    for c in doc["children"]:
+        t = c["tree_cost"]
+        if t["priced_calls"]:
+            usd = (usd or 0.0) + t["usd"]
+        priced += t["priced_calls"]
+        unpriced += t["unpriced_calls"]
+    return {"usd": usd if usd is not None or unpriced else 0.0, "priced_calls": priced, "unpriced_calls": unpriced}
+
+
 class Tapes:
     """Runs, steps, trees, sessions, diffs and verification over one reader (DuckDB, lake, server, OTLP)."""
 
-    def __init__(self, reader: Reader, *, owns: bool = True, closer: Any = None) -> None:
+    def __init__(self, reader: Reader, *, owns: bool = True, closer: Any = None,
+                 prices: Prices | str | os.PathLike[str] | None = None) -> None:
         self.reader = reader
         self._owns = owns
         self._closer = closer
         self._memo: dict[Any, Any] = {}
         self._memo_version: int | None = None
+        self._prices: Prices | None = None
+        if prices is not None:
+            self.use_prices(prices)
+
+    # --- prices -------------------------------------------------------------------------------------
+
+    @property
+    def prices(self) -> Prices:
+        """The prices costs are computed with: genai-prices plus the overrides of ``use_prices`` (or of
+        ``$AGENTTAPE_PRICES`` when none were given), read once."""
+        if self._prices is None:
+            self._prices = Prices.load()
+        return self._prices
+
+    def use_prices(self, prices: Prices | str | os.PathLike[str] | None) -> None:
+        """Price with these overrides (a ``Prices``, or a JSON/YAML file of per-model prices per million
+        tokens); None: genai-prices and ``$AGENTTAPE_PRICES`` again. Answers kept so far are dropped."""
+        self._prices = prices if isinstance(prices, Prices) or prices is None else Prices.load(prices)
+        self._memo, self._memo_version = {}, None
 
     @property
     def description(self) -> str:
@@ -88,7 +123,9 @@ class Tapes:
         filters = Filters(agent=agent, status=status, source=source, session=session, service=service,
                           model=model, tool=tool, since=as_ns(since, "since"), until=as_ns(until, "until"),
                           text=text, parent=parent)
-        return page(self.reader, filters, limit=limit, cursor=cursor)
+        found = page(self.reader, filters, limit=limit, cursor=cursor)
+        price_summaries(self.reader, found.runs, self.prices)
+        return found
 
     def locate(self, ref: str) -> str:
         """The ``RUN_ID@TRACE_ID`` a ref names (``RunNotFound``, ``AmbiguousRunError``)."""
@@ -112,11 +149,45 @@ class Tapes:
         found = by_refs(self.reader, [full], windows).get(full)
         if found is None:
             raise RunNotFound(ref)
+        price_summaries(self.reader, [found], self.prices)
         return found
 
     def session(self, session_id: str) -> list[RunSummary]:
         """The runs (turns) of one session, oldest first."""
-        return all_matching(self.reader, Filters(session=session_id), oldest_first=True)
+        turns = all_matching(self.reader, Filters(session=session_id), oldest_first=True)
+        price_summaries(self.reader, turns, self.prices)
+        return turns
+
+    # --- cost ---------------------------------------------------------------------------------------
+
+    def cost(self, ref: str | None = None, *, session: str | None = None, agent: str | None = None,
+             tree: bool = False, since: Any = None, until: Any = None) -> dict[str, Any]:
+        """What model calls cost, in USD, priced now (``prices``): one run's own calls (``ref``), its whole
+        tree with ``tree=True`` (each run once), a session's turns, or every run of an agent. ``usd`` is
+        None when no call had a price; ``unpriced_calls`` counts the calls without one (never as 0)."""
+        if ref is not None:
+            if tree:
+                return self.replay(ref, tree=True)["tree_cost"]
+            return run_cost(self.rebuild(ref), self.prices, calls=False)
+        if session is None and agent is None:
+            raise ValueError("cost(): give a run ref, session= or agent=")
+        filters = Filters(session=session, agent=agent, since=as_ns(since, "since"), until=as_ns(until, "until"))
+        runs = all_matching(self.reader, filters)
+        price_summaries(self.reader, runs, self.prices)
+        out = total_of(runs)
+        out["runs"] = len(runs)
+        return out
+
+    def model_calls(self, refs: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        """The model calls of these runs (provider, model, tokens with cache reads and writes, start), by
+        ref, priced: each with ``usd`` (None: no price)."""
+        summaries = list(by_refs(self.reader, [self.locate(r) for r in refs]).values())
+        calls = calls_of_runs(self.reader, summaries)
+        for rows in calls.values():
+            for c in rows:
+                c["usd"] = self.prices.call_usd(c["provider"], c["model"], c["input_tokens"], c["output_tokens"],
+                                                c["cache_read_tokens"], c["cache_write_tokens"], c["start_ns"])
+        return calls
 
     # --- one run rebuilt ----------------------------------------------------------------------------
 
@@ -131,8 +202,14 @@ class Tapes:
     def replay(self, ref: str, tree: bool = False) -> dict[str, Any]:
         """What ``agenttape replay --json [--tree]`` prints."""
         if tree:
-            return reconstruct_tree(self.reader, ref).root.to_json(children=True)
-        return self.rebuild(ref).to_json(children=False)
+            root = reconstruct_tree(self.reader, ref).root
+            doc = root.to_json(children=True)
+            add_tree_cost(doc, root, self.prices)
+            return doc
+        run = self.rebuild(ref)
+        doc = run.to_json(children=False)
+        doc["cost"] = run_cost(run, self.prices)
+        return doc
 
     def tree(self, ref: str) -> dict[str, Any]:
         """The run's summary with ``children``: nested agents, handoffs, subgraphs, cross-trace child runs."""
@@ -144,13 +221,20 @@ class Tapes:
             listed.append(run)
             stack.extend(run.children)
         known = by_refs(self.reader, [r.ref for r in listed])
+        price_summaries(self.reader, list(known.values()), self.prices)
 
         def node(run: Run, parent: str | None) -> dict[str, Any]:
-            summary = known.get(run.ref) or RunSummary.from_run(run, parent)
+            summary = known.get(run.ref)
+            if summary is None:
+                summary = RunSummary.from_run(run, parent)
+                own = run_cost(run, self.prices, calls=False)
+                summary.cost_usd, summary.priced_calls = own["usd"], own["priced_calls"]
+                summary.unpriced_calls = own["unpriced_calls"]
             out = summary.to_dict()
             if parent is not None:
                 out["parent_ref"] = parent
             out["children"] = [node(c, run.ref) for c in run.children]
+            out["tree_cost"] = _tree_total(out)
             return out
 
         return node(root, None)
@@ -165,6 +249,35 @@ class Tapes:
     def spans_otlp(self, ref: str) -> dict[str, Any]:
         """The run's own spans as an OTLP JSON ``ExportTraceServiceRequest`` (``agenttape ingest`` takes it)."""
         return spans_otlp(self.reader, run_span_keys(self.reader, ref))
+
+    # --- experiments ---------------------------------------------------------------------------------
+
+    def experiments(self) -> list[dict[str, Any]]:
+        """One row per experiment recorded in the store (``agenttape experiment list``)."""
+        from ..experiment import experiment_list
+
+        return experiment_list(self)
+
+    def experiment_runs(self, name: str) -> list[RunSummary]:
+        """The runs of experiment ``name``, oldest first (``agenttape runs --experiment NAME``)."""
+        from ..experiment import experiment_refs
+
+        refs = list(experiment_refs(self, name))
+        found = by_refs(self.reader, refs)
+        return [found[r] for r in refs if r in found]
+
+    def experiment_of(self, refs: Sequence[str]) -> dict[str, str]:
+        """Which of ``refs`` are experiment runs: ref -> experiment name (``runs`` marks them)."""
+        from ..experiment import experiment_refs
+
+        mine = experiment_refs(self)
+        return {r: mine[r]["name"] for r in refs if r in mine}
+
+    def compare(self, name: str, *, baseline: str = "original", evals: Sequence[str] = ()) -> Any:
+        """``agenttape experiment compare``: the experiment's answers against the originals or another experiment."""
+        from ..experiment_compare import compare
+
+        return compare(self, name, baseline=baseline, evals=evals)
 
     # --- many runs, tapes, SQL ------------------------------------------------------------------------
 

@@ -1,0 +1,296 @@
+"""Compare an experiment with its baseline (the original nodes, or another experiment), run by run.
+
+Per pair: whether the answer changed (exactly, and after normalising whitespace and case), whether the
+tool calls agree (same names and arguments, in any order), tokens, latency, cost and evaluator scores;
+then a summary and gates (``correctness<0.9``) for CI. Cost and scores come through hooks
+(``set_cost_function``, ``register_evaluator``) that the pricing and evaluation modules fill: until one is
+set a cost is unknown (None), never 0.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .experiment import ExperimentError, experiment_refs, latest_per_node
+from .model import Node, Run
+from .rebuild import iter_runs
+
+CostFunction = Callable[[Node], "float | None"]
+Evaluator = Callable[[Node], "float | None"]
+
+_cost: list[CostFunction] = []
+EVALUATORS: dict[str, Evaluator] = {}
+
+
+def set_cost_function(fn: CostFunction | None) -> None:
+    """The node -> USD function compare uses (None: cost unknown again)."""
+    _cost[:] = [fn] if fn is not None else []
+
+
+def register_evaluator(name: str, fn: Evaluator | None) -> None:
+    """A named evaluator ``--eval NAME`` runs on both sides: node -> score in [0, 1] or None."""
+    if fn is None:
+        EVALUATORS.pop(name, None)
+    else:
+        EVALUATORS[name] = fn
+
+
+def node_cost(node: Node | None) -> float | None:
+    if node is None or not _cost:
+        return None
+    try:
+        value = _cost[0](node)
+    except Exception:
+        return None
+    return None if value is None else float(value)
+
+
+_SPACE = re.compile(r"\s+")
+
+
+def normalise(text: str | None) -> str:
+    """Whitespace collapsed, case folded, ends stripped: what "the same answer" means loosely."""
+    return _SPACE.sub(" ", (text or "").strip()).casefold()
+
+
+def _answer(node: Node | None) -> str:
+    if node is None:
+        return ""
+    if node.output_text:
+        return node.output_text
+    return "".join(m.text for m in node.output_messages)
+
+
+def _calls(node: Node | None) -> list[tuple[str, str]]:
+    out = []
+    for c in (node.requested_tool_calls if node is not None else []):
+        args = c.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                pass
+        out.append((str(c.get("name")), json.dumps(args, sort_keys=True, separators=(",", ":"))))
+    return sorted(out)
+
+
+def _ms(node: Node | None) -> float | None:
+    return None if node is None else max(0, node.end_ns - node.start_ns) / 1e6
+
+
+@dataclass
+class Pair:
+    """One original node and its candidate answer, compared."""
+
+    of: str
+    node: str
+    candidate_ref: str | None
+    baseline_ref: str | None
+    baseline: Node | None
+    candidate: Node | None
+    error: str | None = None
+    scores: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    costs: dict[str, float | None] = field(default_factory=dict)  # USD per side, priced when compared
+
+    @property
+    def same_exact(self) -> bool | None:
+        if self.baseline is None or self.candidate is None or self.error:
+            return None
+        return _answer(self.baseline) == _answer(self.candidate) and _calls(self.baseline) == _calls(self.candidate)
+
+    @property
+    def same_normalised(self) -> bool | None:
+        if self.baseline is None or self.candidate is None or self.error:
+            return None
+        return (normalise(_answer(self.baseline)) == normalise(_answer(self.candidate))
+                and _calls(self.baseline) == _calls(self.candidate))
+
+    @property
+    def tools_agree(self) -> bool | None:
+        if self.baseline is None or self.candidate is None or self.error:
+            return None
+        return _calls(self.baseline) == _calls(self.candidate)
+
+    def side(self, node: Node | None) -> dict[str, Any]:
+        return {"answer": _answer(node), "tool_calls": [{"name": n, "arguments": json.loads(a)} for n, a in _calls(node)],
+                "input_tokens": node.usage.input_tokens if node else None,
+                "output_tokens": node.usage.output_tokens if node else None,
+                "latency_ms": _ms(node), "cost_usd": self.cost_of(node), "model": node.model if node else None}
+
+    def cost_of(self, node: Node | None) -> float | None:
+        if node is None:
+            return None
+        return self.costs.get("baseline" if node is self.baseline else "candidate")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"of": self.of, "node": self.node, "candidate_ref": self.candidate_ref,
+                "baseline_ref": self.baseline_ref, "error": self.error, "same_exact": self.same_exact,
+                "same_normalised": self.same_normalised, "tools_agree": self.tools_agree,
+                "baseline": self.side(self.baseline), "candidate": self.side(self.candidate),
+                "scores": self.scores}
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _rate(flags: Sequence[bool | None]) -> float | None:
+    known = [f for f in flags if f is not None]
+    return sum(1 for f in known if f) / len(known) if known else None
+
+
+def _total(values: Sequence[float | None]) -> float | None:
+    """A sum only when every part is known: an unknown cost is not zero."""
+    if not values or any(v is None for v in values):
+        return None
+    return float(sum(values))  # type: ignore[arg-type]
+
+
+@dataclass
+class Comparison:
+    name: str
+    baseline: str
+    pairs: list[Pair]
+    evals: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        ok = [p for p in self.pairs if not p.error and p.candidate is not None]
+        out: dict[str, Any] = {
+            "runs": len(self.pairs), "errors": sum(1 for p in self.pairs if p.error),
+            "error_rate": (sum(1 for p in self.pairs if p.error) / len(self.pairs)) if self.pairs else None,
+            "answer_same": _rate([p.same_exact for p in self.pairs]),
+            "answer_same_normalised": _rate([p.same_normalised for p in self.pairs]),
+            "answer_changed": sum(1 for p in self.pairs if p.same_exact is False),
+            "answer_changed_normalised": sum(1 for p in self.pairs if p.same_normalised is False),
+            "tool_agreement": _rate([p.tools_agree for p in self.pairs]),
+        }
+        for side in ("baseline", "candidate"):
+            nodes = [getattr(p, side) for p in (ok if side == "candidate" else self.pairs)]
+            nodes = [n for n in nodes if n is not None]
+            out[f"{side}_input_tokens"] = sum(n.usage.input_tokens or 0 for n in nodes)
+            out[f"{side}_output_tokens"] = sum(n.usage.output_tokens or 0 for n in nodes)
+            out[f"{side}_latency_ms"] = _mean([_ms(n) for n in nodes])  # type: ignore[misc]
+            pairs = ok if side == "candidate" else [p for p in self.pairs if p.baseline is not None]
+            out[f"{side}_cost_usd"] = _total([p.costs.get(side) for p in pairs])
+        for name in self.evals:
+            for side in ("baseline", "candidate"):
+                vals = [p.scores.get(name, {}).get(side) for p in self.pairs]
+                known = [v for v in vals if v is not None]
+                out[f"{name}" if side == "candidate" else f"{name}_baseline"] = _mean(known)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "baseline": self.baseline, "summary": self.summary(),
+                "runs": [p.to_json() for p in self.pairs]}
+
+
+def _run_as_node(run: Run) -> Node:
+    """A whole run seen as one answer (program-level experiments): its output, every tool call it asked
+    for, its tokens and its duration."""
+    asked = [m for n in run.model_nodes for m in n.output_messages if m.tool_calls]
+    return Node("model", run.trace_id, run.span_id or "", None, run.agent or "", run.start_ns, run.end_ns,
+                run.status, output_text=run.output, output_messages=asked, usage=run.usage,
+                model=run.models[-1] if run.models else None)
+
+
+def _node_of(run: Run | None, span_id: str | None) -> Node | None:
+    if run is None:
+        return None
+    if span_id == "":
+        return _run_as_node(run)
+    models = run.model_nodes
+    if span_id:
+        return next((n for n in models if n.span_id == span_id), None)
+    return models[0] if models else None
+
+
+def _error_of(run: Run | None) -> str | None:
+    if run is None:
+        return "candidate run not found"
+    if run.status == "error":
+        return run.status_message or next((n.status_message for n in run.nodes if n.status == "error"), None) or "error"
+    return None
+
+
+def compare(tapes: Any, name: str, *, baseline: str = "original", evals: Sequence[str] = ()) -> Comparison:
+    """The experiment ``name`` against ``baseline``: ``"original"`` (the recorded nodes) or another
+    experiment's name (matched by original run and node)."""
+    missing = [e for e in evals if e not in EVALUATORS]
+    if missing:
+        raise ExperimentError(f"no evaluator named {', '.join(missing)} (registered: "
+                              f"{', '.join(sorted(EVALUATORS)) or 'none'})")
+    mine = experiment_refs(tapes, name)
+    if not mine:
+        raise ExperimentError(f"no experiment named {name!r}")
+    latest = latest_per_node(mine.items())
+    runs = {r.ref: r for r in iter_runs(tapes.reader, list(latest.values()))}
+    if baseline == "original":
+        originals = {r.ref: r for r in iter_runs(tapes.reader, sorted({of for of, _ in latest if "@" in of}))}
+        base_of = {k: (k[0], _node_of(originals.get(k[0]), k[1])) for k in latest}
+    else:
+        theirs = experiment_refs(tapes, baseline)
+        if not theirs:
+            raise ExperimentError(f"no experiment named {baseline!r} to compare with")
+        other = latest_per_node(theirs.items())
+        other_runs = {r.ref: r for r in iter_runs(tapes.reader, [other[k] for k in latest if k in other])}
+        base_of = {k: (other.get(k), _node_of(other_runs.get(other.get(k, "")), "" if k[1] == "" else None))
+                   for k in latest}
+    pairs = []
+    for key, ref in sorted(latest.items()):
+        run = runs.get(ref)
+        base_ref, base_node = base_of[key]
+        pair = Pair(key[0], key[1], ref, base_ref, base_node, _node_of(run, "" if key[1] == "" else None),
+                    _error_of(run))
+        pair.costs = {"baseline": node_cost(base_node), "candidate": node_cost(pair.candidate)}
+        for e in evals:
+            pair.scores[e] = {"baseline": _score(e, base_node),
+                              "candidate": None if pair.error else _score(e, pair.candidate)}
+        pairs.append(pair)
+    return Comparison(name, baseline, pairs, list(evals))
+
+
+def _score(name: str, node: Node | None) -> float | None:
+    if node is None:
+        return None
+    try:
+        value = EVALUATORS[name](node)
+    except Exception:
+        return None
+    return None if value is None else float(value)
+
+
+_OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt, "==": operator.eq,
+        "!=": operator.ne}
+_GATE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|==|!=|<|>)\s*(-?[\d.]+(?:e-?\d+)?)\s*$")
+
+
+@dataclass
+class GateResult:
+    gate: str
+    metric: str
+    value: float | None
+    failed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gate": self.gate, "metric": self.metric, "value": self.value, "failed": self.failed}
+
+
+def check_gates(summary: dict[str, Any], gates: Sequence[str]) -> list[GateResult]:
+    """Each ``--fail-if`` gate (``metric<0.9``): failed when the condition holds, or the metric is unknown."""
+    out = []
+    for gate in gates:
+        m = _GATE.match(gate)
+        if not m:
+            raise ExperimentError(f"gate {gate!r}: write METRIC<NUMBER (or <=, >, >=, ==, !=)")
+        metric, op, number = m.group(1), m.group(2), float(m.group(3))
+        if metric not in summary:
+            raise ExperimentError(f"gate {gate!r}: no metric {metric!r} (known: {', '.join(sorted(summary))})")
+        value = summary[metric]
+        failed = value is None or bool(_OPS[op](float(value), number))
+        out.append(GateResult(gate, metric, None if value is None else float(value), failed))
+    return out
