@@ -59,7 +59,8 @@ def step(state: object, span: object):
     cdef PyObject* raw
     if not state.seal_foreign or _leaf_hash is None:
         return _NO_HASH
-    sh = _leaf_hash(span)
+    seal_hash = state.seal_hash  # the processor's own (v1 leaves), else the configured v2 one
+    sh = (_leaf_hash if seal_hash is None else seal_hash)(span)
     if sh is None:
         return _NO_HASH
     lh = <object>PyTuple_GET_ITEM(sh, 0)

@@ -36,11 +36,12 @@ from otel_agenttape.capture import sealing_fast as _fast
 from otel_agenttape.capture.sealed_span import SealedSpan, make_otlp_safe
 from otel_agenttape.capture.sealing_fast import SealState, Tape
 from otel_agenttape.codec.typed import NotOtlpSafe
+from otel_agenttape.integrity import leaf_fast
 from otel_agenttape.integrity.chain import Chain
 from otel_agenttape.integrity.checkpoint import Checkpoint, read_checkpoint_file
 from otel_agenttape.integrity.jcs import CanonicalError
 from otel_agenttape.integrity.leaf import raw_attributes
-from otel_agenttape.integrity.leaf_fast import CONTENT_KEYS, python_seal_hash_sdk, seal_hash_sdk
+from otel_agenttape.integrity.leaf_fast import CONTENT_KEYS, leaf_hash_from_sdk, python_seal_hash_sdk, seal_hash_sdk
 from otel_agenttape.integrity.note import Signer, sign_note
 
 _log = logging.getLogger(__name__)
@@ -100,8 +101,11 @@ class SealingSpanProcessor(SpanProcessor):
         self.next_processor = next_processor
         self.content_keys = CONTENT_KEYS if content_keys is None else frozenset(content_keys)
         self.salt_source = salt_source or os.urandom
-        # the compiled step (and compiled leaf) seal with the default keys and os.urandom only
+        # the compiled step (and compiled leaf) seal with the default keys and os.urandom, or v1 leaves
         self._default_salting = content_keys is None and salt_source is None
+        v1_native = getattr(leaf_fast.native_module, "seal_hash_v1_sdk", None)
+        self._v1_native = v1_native if not self.content_keys and salt_source is None else None
+        self._compiled_ok = self._default_salting or self._v1_native is not None
         self._next_on_ending = getattr(next_processor, "_on_ending", None)
         if signing_key is None and os.environ.get("AGENTTAPE_SIGNING_KEY"):
             signing_key = os.environ["AGENTTAPE_SIGNING_KEY"]
@@ -115,6 +119,7 @@ class SealingSpanProcessor(SpanProcessor):
         # the lock, the tapes, the cadence and the sealed count: shared with the compiled step
         self._state = SealState(max(1, int(checkpoint_every)), float(checkpoint_interval_s),
                                 bool(checkpoint_on_nodes), bool(seal_foreign))
+        self._state.seal_hash = self._v1_native
         self.export_checkpoints = export_checkpoints
         self.on_node = on_node
         self.on_checkpoint = on_checkpoint
@@ -154,7 +159,7 @@ class SealingSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         try:
             step = _fast.step
-            if step is None or not self._default_salting:
+            if step is None or not self._compiled_ok:
                 sealed, due = self._seal(span)
             else:
                 sealed, sealed_hash = step(self._state, span)
@@ -218,6 +223,8 @@ class SealingSpanProcessor(SpanProcessor):
     def _leaf_hash(self, span: ReadableSpan) -> tuple[bytes, str | None]:
         if self._default_salting:
             return seal_hash_sdk(span)
+        if not self.content_keys:
+            return leaf_hash_from_sdk(span), None
         return python_seal_hash_sdk(span, self.content_keys, self.salt_source)
 
     def _seal(self, span: ReadableSpan, sealed_hash: tuple[bytes, str | None] | None = None

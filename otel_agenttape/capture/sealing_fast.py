@@ -58,7 +58,7 @@ class Tape:
 class SealState:
     """The lock, the open tapes by trace id, the cadence and the count of sealed spans."""
 
-    __slots__ = ("every", "interval", "lock", "on_nodes", "seal_foreign", "sealed", "tapes")
+    __slots__ = ("every", "interval", "lock", "on_nodes", "seal_foreign", "seal_hash", "sealed", "tapes")
 
     def __init__(self, every: int, interval: float, on_nodes: bool, seal_foreign: bool) -> None:
         self.lock = threading.Lock()
@@ -68,6 +68,8 @@ class SealState:
         self.on_nodes = on_nodes  # ... and at every model/tool node end
         self.seal_foreign = seal_foreign
         self.sealed = 0
+        # the compiled step's leaf hash when it is not the configured v2 one (v1 leaves: no content keys)
+        self.seal_hash: Any = None
 
     def schedule(self, tape: Tape, size: int, now: float) -> None:
         """The cadence rule: after a checkpoint at ``size`` (at ``now``), the next falls due ``every``

@@ -83,6 +83,7 @@ cdef extern from *:
     Py_ssize_t at_plain_run(const uint8_t*, Py_ssize_t) nogil
 
 cdef extern from "Python.h":
+    object PyUnicode_DecodeASCII(const char* s, Py_ssize_t size, const char* errors)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
     int PyUnicode_KIND(object)
     void* PyUnicode_DATA(object)
@@ -493,9 +494,10 @@ cdef inline Py_ssize_t _collect(object attrs, PyObject** ks, PyObject** vs):
 
 
 cdef int _committed(Buf* b, object v, list found, Py_ssize_t ev, object key) except -1:
-    """``{"c":"<hex sha256(salt || typed value)>"}`` with the next salt of the pool (leaf v2)."""
+    """``{"c":"<hex sha256(salt || typed value)>"}`` with the next salt of the pool (leaf v2); the
+    salts are taken in order from the pool, so ``found`` keeps only ``(event index or -1, key)``."""
     global _pool_off
-    cdef char stack[1024]
+    cdef char stack[4096]
     cdef Buf t
     cdef unsigned char dig[32]
     cdef int i
@@ -503,11 +505,11 @@ cdef int _committed(Buf* b, object v, list found, Py_ssize_t ev, object key) exc
         raise _Bail  # the pool ran out within one span, or no direct SHA-256: the Python path
     t.p = stack
     t.n = 0
-    t.cap = 1024
+    t.cap = 4096
     t.heap = False
     try:
         _put(&t, (<char*>_pool) + _pool_off, _SALT)
-        found.append((ev, key, PyBytes_FromStringAndSize((<char*>_pool) + _pool_off, _SALT)))
+        found.append(key if ev < 0 else (ev, key))
         _pool_off += _SALT
         _value(&t, v)
         at_sha256(<const unsigned char*>t.p, t.n, dig)
@@ -854,6 +856,7 @@ def seal_hash_sdk(span: object) -> tuple | None:
     cdef unsigned char dig[32]
     cdef list found = []
     cdef char tstack[512]
+    cdef Py_ssize_t start, off
     if _pool_off > _POOL - 64 * _SALT:  # room for 64 values; a span with more refills next time
         _pool = _urandom(_POOL)
         _pool_off = 0
@@ -880,28 +883,46 @@ def seal_hash_sdk(span: object) -> tuple | None:
     t.heap = False
     try:
         _put(&t, "{", 1)
-        first = True
-        for ev, key, salt in found:
-            if not first:
+        off = start
+        for item in found:
+            if off != start:
                 _put(&t, ",", 1)
-            first = False
-            _text(&t, key if ev < 0 else f"event:{ev}:{key}")
+            if type(item) is tuple:
+                _text(&t, f"event:{(<tuple>item)[0]}:{(<tuple>item)[1]}")
+            else:
+                _text(&t, item)
             _put(&t, ':"', 2)
-            _hex_bytes(&t, salt)
+            _hex_mem(&t, (<const unsigned char*><char*>_pool) + off, _SALT)
+            off += _SALT
             _put(&t, '"', 1)
         _put(&t, "}", 1)
+        if _ascii_only(t.p, t.n):
+            return lh, PyUnicode_DecodeASCII(t.p, t.n, NULL)
         return lh, (<bytes>PyBytes_FromStringAndSize(t.p, t.n)).decode("utf-8")
     finally:
         if t.heap:
             PyMem_Free(t.p)
 
 
-cdef int _hex_bytes(Buf* b, bytes data) except -1:
-    cdef const unsigned char* p = <const unsigned char*><char*>data
-    cdef Py_ssize_t i, n = len(data)
+cdef bint _ascii_only(const char* p, Py_ssize_t n):
+    cdef Py_ssize_t i
+    for i in range(n):
+        if (<const unsigned char>p[i]) >= 0x80:
+            return False
+    return True
+
+
+cdef int _hex_mem(Buf* b, const unsigned char* p, Py_ssize_t n) except -1:
+    cdef Py_ssize_t i
     _reserve(b, 2 * n)
     for i in range(n):
         b.p[b.n] = _HEX[p[i] >> 4]
         b.p[b.n + 1] = _HEX[p[i] & 15]
         b.n += 2
     return 0
+
+
+def seal_hash_v1_sdk(span: object) -> tuple | None:
+    """``(leaf_hash_sdk(span), None)``: sealing with no content keys (v1 leaves), or ``None``."""
+    lh = leaf_hash_sdk(span)
+    return None if lh is None else (lh, None)
