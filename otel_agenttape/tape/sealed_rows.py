@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from otel_agenttape import semconv
-from otel_agenttape.integrity.leaf import leaf_bytes, project_row
+from otel_agenttape.integrity.leaf import CommitmentError, leaf_bytes, project_row
 from otel_agenttape.integrity.verify import Entry
 
 SPAN_COLS = (
@@ -139,6 +139,8 @@ def row_entry(row: dict[str, Any]) -> tuple[str, int, Entry]:
         problem = "chain columns differ from the span's chain attributes"
     try:
         leaf: bytes | None = row_leaf(row)
+    except CommitmentError as exc:  # salts or erased commitments that do not fit the stored values
+        leaf, problem = None, f"commitments do not fit the span ({exc})"
     except Exception as exc:  # a row the projection cannot read is itself evidence of tampering
         leaf, problem = None, f"content unreadable ({type(exc).__name__})"
     entry = Entry(seq, prev if isinstance(prev, str) else None, hsh if isinstance(hsh, str) else None, leaf,
