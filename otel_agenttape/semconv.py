@@ -118,6 +118,15 @@ CONTENT_KEYS = frozenset({
 # ... and the sha256 of a cut payload's original (an unsalted hash of short content is guessable)
 CONTENT_KEYS = CONTENT_KEYS | frozenset(k + PAYLOAD_SHA256_SUFFIX for k in CONTENT_KEYS)
 
+# Erasure records (docs/integrity.md, "Erasure"): a span named EVENT_ERASURE, scope SCOPE_INTEGRITY, in a
+# trace of its own, holding the record (JSON, never content), the signed note that seals it and the
+# verifier key of its signer
+EVENT_ERASURE = "agenttape.erasure"
+ERASURE_ID = "agenttape.erasure.id"
+ERASURE_RECORD = "agenttape.erasure.record"
+ERASURE_NOTE = "agenttape.erasure.note"
+ERASURE_KEY = "agenttape.erasure.key"
+
 # Checkpoints (exported as spans named agenttape.checkpoint)
 EVENT_CHECKPOINT = "agenttape.checkpoint"
 CHECKPOINT_NOTE = "agenttape.checkpoint.note"

@@ -36,8 +36,10 @@ _UNBOUNDED = ("span_lo", "span_hi")
 _SPAN_COLUMNS = ("run_id, trace_id, start_time_unix_nano, node_type, operation_name, agent_name, run_status, "
                  "status_code, session_id, service_name, status_message")
 # A span without a run id that is not another instrumentation's: the tape checkpoints capture exports
-# (never a run, a model call or a tool call), so a sealed store is not read as holding foreign runs.
-NOT_CHECKPOINT = f"NOT (name = '{sc.EVENT_CHECKPOINT}' AND scope_name IS NOT DISTINCT FROM '{sc.SCOPE_INTEGRITY}')"
+# and erasure records (never a run, a model call or a tool call), so a sealed store is not read as
+# holding foreign runs.
+NOT_CHECKPOINT = (f"NOT (name IN ('{sc.EVENT_CHECKPOINT}', '{sc.EVENT_ERASURE}') "
+                  f"AND scope_name IS NOT DISTINCT FROM '{sc.SCOPE_INTEGRITY}')")
 FOREIGN_SPANS = ("(SELECT * FROM spans WHERE trace_id IN "
                  f"(SELECT trace_id FROM spans WHERE run_id IS NULL AND {NOT_CHECKPOINT}))")
 

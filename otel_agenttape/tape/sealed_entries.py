@@ -165,7 +165,8 @@ def batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[CompactEntry]:
                 if link_from_leaf_hash(prev, lh) == hsh:
                     # one shared object per repeated value keeps the pickled result small
                     cid = interned.setdefault(cid, cid)
-                    append((cid, ep, seq, prev, hsh, hsh, lh, sid, tid, None))
+                    append((cid, ep, seq, prev, hsh, hsh, lh, sid, tid, None,
+                            _loads(er["s"]) if er is not None else None))
                     continue
         except Exception:  # noqa: BLE001, S110 - anything odd: the general path below decides
             pass
