@@ -71,6 +71,9 @@ def signer_from(key: Signer | str | os.PathLike[str] | None) -> Signer:
 def store_path(reader: Reader) -> str:
     """The DuckDB file a reader reads; erasure works on nothing else."""
     path = str(getattr(reader, "description", "") or "")
+    if getattr(reader, "kind", None) == "server" and " via " in path:
+        raise StoreError(f"{path.split(' via ')[0]} is held by a running receiver ({path.split(' via ')[1]}): "
+                         "erasing while it ingests is not supported yet; stop it, then erase")
     if getattr(reader, "kind", None) != "duckdb" or not os.path.isfile(path):
         raise StoreError("erasure works on a DuckDB store file (a lake or export is rewritten from it: "
                          "erase the store, then export or publish again)")
