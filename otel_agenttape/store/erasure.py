@@ -7,10 +7,11 @@ verify), and writes one erasure record, sealed and signed, as an ``agenttape.era
 unsealed spans (no chain, nothing to prove) is removed outright; sealed v1 spans commit to their
 content itself, so erasing it would break their tape: they are left and counted.
 
-DuckDB neither zeroes freed blocks nor rewrites a block it does not change, so after the update the
-file is rewritten (``COPY FROM DATABASE`` into a new file, checkpointed, then renamed over the old one):
-no copy of an erased value is left in the file, its WAL or its free blocks. The file must not be open
-in another process (a running receiver holds it): stop it first.
+DuckDB neither zeroes the blocks an update frees nor rewrites a block it does not change, so the store
+is not updated in place: its schema and live rows are copied into a new file with the changes applied
+(one pass, the old file only read), which is checkpointed and renamed over the old one. No copy of an
+erased value is left in the file, its WAL or its free blocks, and an interrupted erasure leaves the
+old file as it was. The file must not be open in another process (a running receiver holds it).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _connect(path: str) -> duckdb.DuckDBPyConnection:
     if not os.path.exists(path):
         raise StoreError(f"no tape store at {path}")
     try:
-        return duckdb.connect(path)
+        return duckdb.connect(path, read_only=True)  # the new file is written beside it (``rewrite``)
     except duckdb.Error as exc:
         if is_lock_error(exc):
             raise StoreOpenError(f"{path} is open in another process (a running receiver?): stop it, then erase") from exc
@@ -141,42 +142,14 @@ def erase_duckdb(path: str | os.PathLike[str], where: str, params: Sequence[Any]
         record = build_record(record_spans, reason=reason, by=by, selector=selector, time_unix_nano=now)
         result.erasure_id = record["id"]
         note = sign_record(record, signer)
-        con.execute("BEGIN")
-        try:
-            _update(con, span_updates, event_updates)
-            _insert_record(con, record, note, signer, now)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        con.execute("CHECKPOINT")
     finally:
         con.close()
-    rewrite(path)
+    rewrite(path, span_updates, event_updates, _record_row(record, note, signer, now))
     result.seconds = time.perf_counter() - t0
     return result
 
 
-def _update(con: duckdb.DuckDBPyConnection, span_updates: list, event_updates: list) -> None:
-    if span_updates:
-        con.register("erase_spans", pa.table({
-            "trace_id": [u[0] for u in span_updates], "span_id": [u[1] for u in span_updates],
-            "attributes": [u[2] for u in span_updates]}))
-        con.execute("UPDATE spans SET attributes = u.attributes FROM erase_spans u "
-                    "WHERE spans.trace_id = u.trace_id AND spans.span_id = u.span_id")
-        con.unregister("erase_spans")
-    if event_updates:
-        con.register("erase_events", pa.table({
-            "trace_id": [u[0] for u in event_updates], "span_id": [u[1] for u in event_updates],
-            "event_index": pa.array([u[2] for u in event_updates], pa.int32()),
-            "attributes": [u[3] for u in event_updates]}))
-        con.execute("UPDATE span_events SET attributes = u.attributes FROM erase_events u "
-                    "WHERE span_events.trace_id = u.trace_id AND span_events.span_id = u.span_id "
-                    "AND span_events.event_index = u.event_index")
-        con.unregister("erase_events")
-
-
-def _insert_record(con: duckdb.DuckDBPyConnection, record: dict[str, Any], note: str, signer: Signer, now: int) -> None:
+def _record_row(record: dict[str, Any], note: str, signer: Signer, now: int) -> list[Any]:
     """The record as an ``agenttape.erasure`` span of its own trace (read back by ``verify``)."""
     attrs = {
         semconv.ERASURE_ID: {"s": record["id"]},
@@ -184,16 +157,24 @@ def _insert_record(con: duckdb.DuckDBPyConnection, record: dict[str, Any], note:
         semconv.ERASURE_NOTE: {"s": note},
         semconv.ERASURE_RECORD: {"s": orjson.dumps(record).decode()},
     }
-    con.execute(
-        "INSERT INTO spans (trace_id, span_id, name, kind, start_time_unix_nano, end_time_unix_nano, duration_ms, "
-        "status_code, attributes, dropped_attributes_count, dropped_events_count, dropped_links_count, scope_name, "
-        "date) VALUES (?, ?, ?, 1, ?, ?, 0, 0, ?, 0, 0, 0, ?, CAST(make_timestamp(? // 1000) AS DATE))",
-        [os.urandom(16).hex(), os.urandom(8).hex(), semconv.EVENT_ERASURE, now, now,
-         orjson.dumps(attrs, option=orjson.OPT_SORT_KEYS).decode(), semconv.SCOPE_INTEGRITY, now])
+    return [os.urandom(16).hex(), os.urandom(8).hex(), semconv.EVENT_ERASURE, now, now,
+            orjson.dumps(attrs, option=orjson.OPT_SORT_KEYS).decode(), semconv.SCOPE_INTEGRITY, now]
 
 
-def rewrite(path: str) -> None:
-    """Rewrite a DuckDB file from its live data only (no freed block, no WAL), then rename it over."""
+_RECORD_INSERT = (
+    "INSERT INTO erase_dst.main.spans (trace_id, span_id, name, kind, start_time_unix_nano, end_time_unix_nano, "
+    "duration_ms, status_code, attributes, dropped_attributes_count, dropped_events_count, dropped_links_count, "
+    "scope_name, date) VALUES (?, ?, ?, 1, ?, ?, 0, 0, ?, 0, 0, 0, ?, CAST(make_timestamp(? // 1000) AS DATE))")
+
+
+def rewrite(path: str, span_updates: Sequence[tuple] = (), event_updates: Sequence[tuple] = (),
+            record_row: Sequence[Any] | None = None) -> None:
+    """Write a new DuckDB file from the live rows of ``path`` with the updates applied (``span_updates``:
+    ``(trace_id, span_id, attributes)``, ``event_updates``: ``(trace_id, span_id, event_index,
+    attributes)``) and the record row added, checkpoint it and rename it over ``path``.
+
+    The old file is only read, so an interrupted erasure leaves it as it was; the new one holds no
+    freed block and no WAL, so no earlier version of a changed value survives in it."""
     tmp = path + ".erasing"
     for stale in (tmp, tmp + ".wal"):
         if os.path.exists(stale):
@@ -202,12 +183,43 @@ def rewrite(path: str) -> None:
     try:
         con.execute(f"ATTACH {_literal(path)} AS erase_src (READ_ONLY)")
         con.execute(f"ATTACH {_literal(tmp)} AS erase_dst")
-        con.execute("COPY FROM DATABASE erase_src TO erase_dst")
+        con.execute("COPY FROM DATABASE erase_src TO erase_dst (SCHEMA)")
+        tables = [r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'erase_src' AND schema_name = 'main'"
+        ).fetchall()]
+        if span_updates:
+            con.register("erase_spans", pa.table({
+                "trace_id": [u[0] for u in span_updates], "span_id": [u[1] for u in span_updates],
+                "attributes": [u[2] for u in span_updates]}))
+        if event_updates:
+            con.register("erase_events", pa.table({
+                "trace_id": [u[0] for u in event_updates], "span_id": [u[1] for u in event_updates],
+                "event_index": pa.array([u[2] for u in event_updates], pa.int32()),
+                "attributes": [u[3] for u in event_updates]}))
+        for t in tables:
+            q = _quote(t)
+            if t == "spans" and span_updates:
+                con.execute(f"INSERT INTO erase_dst.main.{q} SELECT s.* REPLACE (coalesce(u.attributes, "
+                            f"s.attributes) AS attributes) FROM erase_src.main.{q} s LEFT JOIN erase_spans u "
+                            "ON s.trace_id = u.trace_id AND s.span_id = u.span_id")
+            elif t == "span_events" and event_updates:
+                con.execute(f"INSERT INTO erase_dst.main.{q} SELECT s.* REPLACE (coalesce(u.attributes, "
+                            f"s.attributes) AS attributes) FROM erase_src.main.{q} s LEFT JOIN erase_events u "
+                            "ON s.trace_id = u.trace_id AND s.span_id = u.span_id AND s.event_index = u.event_index")
+            else:
+                con.execute(f"INSERT INTO erase_dst.main.{q} SELECT * FROM erase_src.main.{q}")
+        if record_row is not None:
+            con.execute(_RECORD_INSERT, list(record_row))
         con.execute("CHECKPOINT erase_dst")
         con.execute("DETACH erase_dst")
         con.execute("DETACH erase_src")
-    finally:
+    except BaseException:
         con.close()
+        for stale in (tmp, tmp + ".wal"):
+            if os.path.exists(stale):
+                os.remove(stale)
+        raise
+    con.close()
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -219,6 +231,10 @@ def rewrite(path: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _literal(text: str) -> str:
