@@ -390,3 +390,31 @@ def test_edited_v2_rows_give_the_general_path_findings(db_v2, edit) -> None:
     fast, general, reports = _entries_both_ways(db_v2)
     assert fast == general
     assert not reports[0].valid and reports[0].first_broken_index == seq, reports[0].reason
+
+
+def test_compiled_commitments_equal_the_python_loop(monkeypatch) -> None:
+    """``_chain.commit_salts`` (compiled) and the Python loop of ``sealed_entries._commit`` agree, and
+    both refuse salts the reference refuses."""
+    if sealed_entries._native_commit is None:
+        pytest.skip("compiled chain not built")
+    rng = random.Random(7)
+    for _ in range(200):
+        attrs = {"k": {"s": rng.choice(TEXTS[:5]) * rng.randrange(1, 400)}, "n": {"i": "3"},
+                 "arr": {"a": [{"s": "x"}, {"i": "1"}]}}
+        events = [{"attributes": {"seg": {"s": rng.choice(TEXTS[:5])}}}]
+        salts = {"k": rng.randbytes(16).hex(), "arr": rng.randbytes(16).hex(), "event:0:seg": rng.randbytes(16).hex()}
+        st = {"s": orjson.dumps(salts).decode()}
+        got = [dict(attrs), [{"attributes": dict(events[0]["attributes"])}]]
+        sealed_entries._commit(got[0], got[1], st, None)
+        with monkeypatch.context() as m:
+            m.setattr(sealed_entries, "_native_commit", None)
+            want = [dict(attrs), [{"attributes": dict(events[0]["attributes"])}]]
+            sealed_entries._commit(want[0], want[1], st, None)
+        assert got == want and "c" in got[0]["k"] and "c" in got[1][0]["attributes"]["seg"]
+    for bad in ("A" * 32, "a" * 31 + " ", "a" * 30, "g" * 32):
+        for native in (True, False):
+            with monkeypatch.context() as m:
+                if not native:
+                    m.setattr(sealed_entries, "_native_commit", None)
+                with pytest.raises((sealed_entries._General, ValueError)):  # either way: the general path
+                    sealed_entries._commit({"k": {"s": "v"}}, [], {"s": orjson.dumps({"k": bad}).decode()}, None)

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from otel_agenttape import semconv
+from otel_agenttape.integrity import chain as _chain
 from otel_agenttape.integrity.chain import link_from_leaf_hash, sha256_digest
 from otel_agenttape.integrity.leaf import LEAF_V1, LEAF_VERSION, split_label
 from otel_agenttape.integrity.merkle import leaf_hash
@@ -29,6 +30,9 @@ _dumps = orjson.dumps
 _SORTED = orjson.OPT_SORT_KEYS
 _SALTS, _ERASED = semconv.CHAIN_SALTS, semconv.CHAIN_ERASED
 _fromhex = bytes.fromhex
+_native_sha256 = _chain._native_sha256  # libcrypto called directly (None where not built)
+# the compiled twin of the salts loop below (integrity/_chain.pyx), where built
+_native_commit = getattr(_chain._native, "commit_salts", None) if _chain._native is not None else None
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -52,6 +56,12 @@ def _commit(a: dict[str, Any], events: list[dict[str, Any]], st: Any, er: Any) -
 
     Only well-formed maps are taken (anything ``apply_commitments`` would refuse raises), so a row it
     accepts is one the reference path accepts with the same leaf."""
+    if er is None and _native_commit is not None:  # the common row: salts, nothing erased
+        done = _native_commit(a, events, st["s"], _LABELS, _label)
+        if done:
+            return
+        if done is False:
+            raise _General
     salts = _loads(st["s"]) if st is not None else {}
     erased = _loads(er["s"]) if er is not None else {}
     if type(salts) is not dict or type(erased) is not dict:
@@ -64,7 +74,9 @@ def _commit(a: dict[str, Any], events: list[dict[str, Any]], st: Any, er: Any) -
             raise _General
         idx, key = _LABELS.get(label) or _label(label)
         t = a if idx is None else events[idx]["attributes"]
-        t[key] = {"c": sha256_digest(salt + _dumps(t[key], option=_SORTED)).hex()}
+        data = salt + _dumps(t[key], option=_SORTED)
+        d = _native_sha256(data) if _native_sha256 is not None else None
+        t[key] = {"c": (d if d is not None else sha256_digest(data)).hex()}
     for label, c in erased.items():
         if type(c) is not str or len(c) != 64 or not _HEX.issuperset(c):
             raise _General
