@@ -179,8 +179,8 @@ def rewrite(path: str, span_updates: Sequence[tuple] = (), event_updates: Sequen
     for stale in (tmp, tmp + ".wal"):
         if os.path.exists(stale):
             os.remove(stale)
-    # rows may land in another order (inserts then run on every core); nothing reads them by position
-    con = duckdb.connect(config={"preserve_insertion_order": False})
+    # rows keep their order, so their rowids: the lake publisher reads the store by rowid ranges
+    con = duckdb.connect()
     try:
         con.execute(f"ATTACH {_literal(path)} AS erase_src (READ_ONLY)")
         con.execute(f"ATTACH {_literal(tmp)} AS erase_dst")
