@@ -276,3 +276,18 @@ def test_cli_erase_dry_run_erase_and_verify(stores, tmp_path) -> None:
     assert "3 spans, 9 values erased by erasure e-" in ver.stdout
     bad = cli("erase", "--db", path, "--session", "s2", "--reason", "  ")
     assert bad.returncode == 2 and "--reason" in bad.stderr
+
+
+def test_rows_keep_their_rowids_and_the_record_is_appended(stores) -> None:
+    """The lake publisher reads a store by rowid ranges: the rewrite keeps every row where it was."""
+    def order(path: str) -> tuple[list, list]:
+        con = duckdb.connect(path, read_only=True)
+        try:
+            return (con.execute("SELECT trace_id, span_id, name FROM spans ORDER BY rowid").fetchall(),
+                    con.execute("SELECT trace_id, span_id, event_index FROM span_events ORDER BY rowid").fetchall())
+        finally:
+            con.close()
+
+    (spans_before, events_before), (spans_after, events_after) = order(stores["before"]), order(stores["after"])
+    assert spans_after[:-1] == spans_before and spans_after[-1][2] == semconv.EVENT_ERASURE
+    assert events_after == events_before
