@@ -99,6 +99,33 @@ CHAIN_SEQ = "agenttape.chain.seq"
 CHAIN_PREV = "agenttape.chain.prev"
 CHAIN_HASH = "agenttape.chain.hash"
 CHAIN_EPOCH = "agenttape.chain.epoch"
+# Leaf v2 (docs/integrity.md): JSON maps beside the content they commit to, left out of the leaf like
+# the chain fields. SALTS: label -> 32 hex digits of the value's salt; ERASED: label -> the 64 hex
+# digits of an erased value's commitment. A label is the attribute key on the span, or
+# ``event:<i>:<key>`` for an attribute of the span's i-th event.
+CHAIN_SALTS = "agenttape.chain.salts"
+CHAIN_ERASED = "agenttape.chain.erased"
+# The attributes whose values are content (prompts, answers, tool arguments and results, streamed
+# text): sealed as salted commitments, so erasure can remove them and the chain still verifies.
+CONTENT_KEYS = frozenset({
+    GEN_AI_INPUT_MESSAGES, GEN_AI_OUTPUT_MESSAGES, GEN_AI_SYSTEM_INSTRUCTIONS,
+    GEN_AI_TOOL_CALL_ARGUMENTS, GEN_AI_TOOL_CALL_RESULT,
+    MODEL_RAW_OUTPUT, MODEL_OUTPUT_TEXT, MODEL_REASONING,
+    EVENT_SEGMENT,
+    "gen_ai.prompt", "gen_ai.completion", "input.value", "output.value",
+    "llm.input_messages", "llm.output_messages",
+})
+# ... and the sha256 of a cut payload's original (an unsalted hash of short content is guessable)
+CONTENT_KEYS = CONTENT_KEYS | frozenset(k + PAYLOAD_SHA256_SUFFIX for k in CONTENT_KEYS)
+
+# Erasure records (docs/integrity.md, "Erasure"): a span named EVENT_ERASURE, scope SCOPE_INTEGRITY, in a
+# trace of its own, holding the record (JSON, never content), the signed note that seals it and the
+# verifier key of its signer
+EVENT_ERASURE = "agenttape.erasure"
+ERASURE_ID = "agenttape.erasure.id"
+ERASURE_RECORD = "agenttape.erasure.record"
+ERASURE_NOTE = "agenttape.erasure.note"
+ERASURE_KEY = "agenttape.erasure.key"
 
 # Checkpoints (exported as spans named agenttape.checkpoint)
 EVENT_CHECKPOINT = "agenttape.checkpoint"

@@ -319,3 +319,102 @@ def test_remembered_int_forms_never_stand_for_bools_or_doubles() -> None:
         assert leaf == _general(span) == rfc8785.dumps(project_sdk(span))
         typed = orjson.loads(leaf)["attributes"]["x"]
         assert typed == ({"bool": v} if type(v) is bool else {"i": str(v)} if type(v) is int else {"d": repr(v)})
+
+
+# --- leaf v2 rows (salted content values) ----------------------------------------------------------
+
+
+def _record_v2(run_id: str, n: int = 6):
+    provider, sealer, exporter = sealed_provider(checkpoint_every=4)
+    tracer = provider.get_tracer("otel_agenttape")
+    with tracer.start_as_current_span("run", attributes={semconv.RUN_ID: run_id}):
+        for i in range(n):
+            with tracer.start_as_current_span(f"chat {i}", attributes={
+                semconv.NODE_TYPE: "model", semconv.STEP: i, "payload": f"v{i}",
+                semconv.GEN_AI_INPUT_MESSAGES: f'[{{"role":"user","content":"secret {i} \u00e9"}}]',
+            }) as sp:
+                sp.add_event(semconv.EVENT_TEXT, {semconv.EVENT_SEQ: 0, semconv.EVENT_SEGMENT: f"part {i}"})
+    provider.shutdown()
+    assert sealer.errors == 0
+    return exporter.get_finished_spans()
+
+
+@pytest.fixture()
+def db_v2(tmp_path):
+    path = str(tmp_path / "tape_v2.duckdb")
+    store = Store(path)
+    store.write_traces([encode(_record_v2("run-v2"))])
+    store.close()
+    return path
+
+
+def test_v2_rows_take_the_fast_path_and_match_the_general_path(db_v2, monkeypatch) -> None:
+    fast, general, reports = _entries_both_ways(db_v2)
+    assert fast == general and len(fast) == 7 and reports[0].valid
+    salted = _attrs_of(db_v2, 2)[semconv.CHAIN_SALTS]["s"]
+    assert set(orjson.loads(salted)) == {semconv.GEN_AI_INPUT_MESSAGES, f"event:0:{semconv.EVENT_SEGMENT}"}
+    calls = []
+    real = sealed_entries.row_entry
+    monkeypatch.setattr(sealed_entries, "row_entry", lambda row: calls.append(row) or real(row))
+    reader = open_reader(db_v2)
+    try:
+        spans, ev_by, lk_by = query_rows(reader, "chain_id IS NOT NULL", [])
+        for rb in spans.to_batches():
+            sealed_entries.batch_entries(rb, ev_by, lk_by)
+    finally:
+        reader.close()
+    assert calls == []  # every v2 row verified on the fast path
+
+
+def _salts_edit(a: dict, fn) -> str:
+    m = orjson.loads(a[semconv.CHAIN_SALTS]["s"])
+    fn(a, m)
+    a[semconv.CHAIN_SALTS] = {"s": orjson.dumps(m).decode()}
+    return orjson.dumps(a).decode()
+
+
+_MSG = semconv.GEN_AI_INPUT_MESSAGES
+V2_EDITS = {
+    "content edited": lambda a: (a.__setitem__(_MSG, {"s": "forged"}), orjson.dumps(a).decode())[1],
+    "salt in upper case": lambda a: _salts_edit(a, lambda a, m: m.__setitem__(_MSG, m[_MSG].upper())),
+    "salt kept, value removed": lambda a: _salts_edit(a, lambda a, m: a.pop(_MSG)),
+    "salt removed, value kept": lambda a: _salts_edit(a, lambda a, m: m.pop(_MSG)),
+    "erased without the record's map": lambda a: _salts_edit(a, lambda a, m: (a.pop(_MSG), m.pop(_MSG))),
+}
+
+
+@pytest.mark.parametrize("edit", list(V2_EDITS), ids=list(V2_EDITS))
+def test_edited_v2_rows_give_the_general_path_findings(db_v2, edit) -> None:
+    seq = 3
+    _set_attrs(db_v2, seq, V2_EDITS[edit](_attrs_of(db_v2, seq)))
+    fast, general, reports = _entries_both_ways(db_v2)
+    assert fast == general
+    assert not reports[0].valid and reports[0].first_broken_index == seq, reports[0].reason
+
+
+def test_compiled_commitments_equal_the_python_loop(monkeypatch) -> None:
+    """``_chain.commit_salts`` (compiled) and the Python loop of ``sealed_entries._commit`` agree, and
+    both refuse salts the reference refuses."""
+    if sealed_entries._native_commit is None:
+        pytest.skip("compiled chain not built")
+    rng = random.Random(7)
+    for _ in range(200):
+        attrs = {"k": {"s": rng.choice(TEXTS[:5]) * rng.randrange(1, 400)}, "n": {"i": "3"},
+                 "arr": {"a": [{"s": "x"}, {"i": "1"}]}}
+        events = [{"attributes": {"seg": {"s": rng.choice(TEXTS[:5])}}}]
+        salts = {"k": rng.randbytes(16).hex(), "arr": rng.randbytes(16).hex(), "event:0:seg": rng.randbytes(16).hex()}
+        st = {"s": orjson.dumps(salts).decode()}
+        got = [dict(attrs), [{"attributes": dict(events[0]["attributes"])}]]
+        sealed_entries._commit(got[0], got[1], st, None)
+        with monkeypatch.context() as m:
+            m.setattr(sealed_entries, "_native_commit", None)
+            want = [dict(attrs), [{"attributes": dict(events[0]["attributes"])}]]
+            sealed_entries._commit(want[0], want[1], st, None)
+        assert got == want and "c" in got[0]["k"] and "c" in got[1][0]["attributes"]["seg"]
+    for bad in ("A" * 32, "a" * 31 + " ", "a" * 30, "g" * 32):
+        for native in (True, False):
+            with monkeypatch.context() as m:
+                if not native:
+                    m.setattr(sealed_entries, "_native_commit", None)
+                with pytest.raises((sealed_entries._General, ValueError)):  # either way: the general path
+                    sealed_entries._commit({"k": {"s": "v"}}, [], {"s": orjson.dumps({"k": bad}).decode()}, None)

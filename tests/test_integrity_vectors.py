@@ -48,3 +48,29 @@ def test_vectors_are_what_the_generator_writes() -> None:
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert gen.main(["--check"]) == 0
+
+
+def test_v1_and_v2_vectors_are_both_kept() -> None:
+    versions = {p.stem: orjson.loads(json.loads(p.read_text(encoding="utf-8"))["leaf"])["v"] for p in VECTORS}
+    assert {n for n, v in versions.items() if v == 2} == {"v2_content", "v2_tool"}
+    assert sum(1 for v in versions.values() if v == 1) >= 6
+
+
+@pytest.mark.parametrize("path", [p for p in VECTORS if p.stem.startswith("v2_")], ids=lambda p: p.stem)
+def test_v2_vector_commitments_are_salted_hashes_of_the_values(path: Path) -> None:
+    v = json.loads(path.read_text(encoding="utf-8"))
+    leaf = orjson.loads(v["leaf"])
+    row = v["row"]
+    attrs = json.loads(row["attributes"])
+    salts = json.loads(attrs["agenttape.chain.salts"]["s"])
+    events = [json.loads(e["attributes"]) for e in sorted(row["events"], key=lambda e: e["event_index"])]
+    assert salts and len(salts) >= 2
+    for label, salt in salts.items():
+        if label.startswith("event:"):
+            _, idx, key = label.split(":", 2)
+            typed, committed = events[int(idx)][key], leaf["events"][int(idx)]["attributes"][key]
+        else:
+            typed, committed = attrs[label], leaf["attributes"][label]
+        expect = hashlib.sha256(bytes.fromhex(salt) + rfc8785.dumps(typed)).hexdigest()
+        assert committed == {"c": expect}
+        assert orjson.dumps(typed).decode() not in v["leaf"]  # the value itself is not in the leaf

@@ -129,21 +129,21 @@ def test_compiled_step_reads_and_changes_only_the_state_it_is_given() -> None:
                 and native_module.leaf_hash_sdk(s) is not None)
     lh = leaf_hash_from_sdk(span)
     state = sealing_fast.SealState(4, 3600.0, False, True)
-    assert sealing_fast.step(state, span) == (None, lh)  # no tape yet
+    assert sealing_fast.step(state, span) == (None, (lh, None))  # no tape yet
     tape = sealing_fast.Tape(state, span.context.trace_id, "tape-1", True)
     state.tapes[tape.trace_id] = tape
-    assert sealing_fast.step(state, span) == (None, lh)  # no chain yet
+    assert sealing_fast.step(state, span) == (None, (lh, None))  # no chain yet
     tape.chain, tape.resource = Chain("tape-1"), span.resource
     for seq in range(3):
         sealed, none = sealing_fast.step(state, span)
         assert none is None and sealed.attributes[semconv.CHAIN_SEQ] == seq
         assert sealed.attributes[semconv.CHAIN_HASH] == tape.chain.head
-    assert sealing_fast.step(state, span) == (None, lh)  # the 4th link: a checkpoint is due (every=4)
+    assert sealing_fast.step(state, span) == (None, (lh, None))  # the 4th link: a checkpoint is due (every=4)
     assert state.sealed == tape.chain.size == 3
     state.schedule(tape, 3, time.monotonic())  # a checkpoint taken: the next is due at 7 spans
     assert sealing_fast.step(state, span)[0] is not None and tape.chain.size == 4
     tape.due_time = time.monotonic()  # the interval has passed
-    assert sealing_fast.step(state, span) == (None, lh) and tape.chain.size == 4
+    assert sealing_fast.step(state, span) == (None, (lh, None)) and tape.chain.size == 4
     state.schedule(tape, 4, time.monotonic())
     state.on_nodes = True  # a node end may be due: the Python step decides
-    assert sealing_fast.step(state, span) == (None, lh) and state.sealed == 4
+    assert sealing_fast.step(state, span) == (None, (lh, None)) and state.sealed == 4

@@ -32,7 +32,8 @@ cdef str _CHAIN_SEQ = semconv.CHAIN_SEQ
 cdef str _CHAIN_PREV = semconv.CHAIN_PREV
 cdef str _CHAIN_HASH = semconv.CHAIN_HASH
 cdef str _CHAIN_EPOCH = semconv.CHAIN_EPOCH
-cdef object _leaf_hash = None  # integrity._leaf.leaf_hash_sdk: bytes, or None for the Python path
+cdef str _CHAIN_SALTS = semconv.CHAIN_SALTS
+cdef object _leaf_hash = None  # integrity._leaf.seal_hash_sdk: (hash, salts or None), or None for the Python path
 cdef object _SealedSpan = None
 cdef object _SpanContext = None
 cdef str _ORIGINAL = None  # the SealedSpan fields set over the copied __dict__ (sealed_span.py)
@@ -41,12 +42,12 @@ cdef object _new = object.__new__
 cdef tuple _NO_HASH = (None, None)
 
 
-def configure(leaf_hash: object, sealed_type: type, span_context_type: type, original_field: str,
+def configure(seal_hash: object, sealed_type: type, span_context_type: type, original_field: str,
               attributes_field: str) -> None:
     """Set the compiled leaf hash, ``SealedSpan`` and its two fields, and the SDK's ``SpanContext``
     (``sealing_fast.configure`` does)."""
     global _leaf_hash, _SealedSpan, _SpanContext, _ORIGINAL, _ATTRIBUTES
-    _leaf_hash = leaf_hash
+    _leaf_hash = seal_hash
     _SealedSpan = sealed_type
     _SpanContext = span_context_type
     _ORIGINAL = original_field
@@ -54,19 +55,22 @@ def configure(leaf_hash: object, sealed_type: type, span_context_type: type, ori
 
 
 def step(state: object, span: object):
-    """``(sealed copy, None)``, or ``(None, leaf hash or None)`` for the Python step."""
+    """``(sealed copy, None)``, or ``(None, (leaf hash, salts) or None)`` for the Python step."""
     cdef PyObject* raw
     if not state.seal_foreign or _leaf_hash is None:
         return _NO_HASH
-    lh = _leaf_hash(span)
-    if lh is None:
+    seal_hash = state.seal_hash  # the processor's own (v1 leaves), else the configured v2 one
+    sh = (_leaf_hash if seal_hash is None else seal_hash)(span)
+    if sh is None:
         return _NO_HASH
+    lh = <object>PyTuple_GET_ITEM(sh, 0)
+    salts = <object>PyTuple_GET_ITEM(sh, 1)
     attrs = span._attributes
     if type(attrs) is not dict:
         attrs = getattr(attrs, "_dict", None)
     ctx = span._context
     if type(attrs) is not dict or type(ctx) is not _SpanContext or state.on_nodes:
-        return None, lh
+        return None, sh
     trace_id = <object>PyTuple_GET_ITEM(ctx, 0)
     span_id = <object>PyTuple_GET_ITEM(ctx, 1)
     now = _monotonic()
@@ -86,13 +90,15 @@ def step(state: object, span: object):
                 link = chain.append_hash(lh)
                 state.sealed += 1
     if link is None:
-        return None, lh
+        return None, sh
     out = PyDict_Copy(attrs)
     PyDict_SetItem(out, _CHAIN_ID, <object>PyTuple_GET_ITEM(link, 0))
     PyDict_SetItem(out, _CHAIN_SEQ, <object>PyTuple_GET_ITEM(link, 2))
     PyDict_SetItem(out, _CHAIN_PREV, <object>PyTuple_GET_ITEM(link, 3))
     PyDict_SetItem(out, _CHAIN_HASH, <object>PyTuple_GET_ITEM(link, 4))
     PyDict_SetItem(out, _CHAIN_EPOCH, <object>PyTuple_GET_ITEM(link, 1))
+    if salts is not None:
+        PyDict_SetItem(out, _CHAIN_SALTS, salts)
     d = PyDict_Copy(span.__dict__)  # SealedSpan.__init__ without its frame
     PyDict_SetItem(d, _ORIGINAL, span)
     PyDict_SetItem(d, _ATTRIBUTES, out)

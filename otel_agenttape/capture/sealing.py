@@ -8,7 +8,9 @@ tape is the local root of a trace, its id the first ``agenttape.run.id`` seen st
 checkpoint, appends it to a local checkpoint file and exports it as an ``agenttape.checkpoint`` span.
 Values OTLP cannot carry (integers beyond int64, unpaired surrogates, odd types) are replaced before
 hashing so that the leaf matches what the exporter sends; their keys are listed in
-``agenttape.integrity.coerced``. Nothing here raises into the agent: on an internal error the span
+``agenttape.integrity.coerced``. Content values (``semconv.CONTENT_KEYS``) enter the leaf as salted
+commitments (leaf v2), their fresh salts forwarded in ``agenttape.chain.salts``, so that erasure can
+remove a value and its salt and the chain still verifies. Nothing here raises into the agent: on an internal error the span
 is forwarded unsealed and counted in ``errors``.
 """
 
@@ -34,11 +36,12 @@ from otel_agenttape.capture import sealing_fast as _fast
 from otel_agenttape.capture.sealed_span import SealedSpan, make_otlp_safe
 from otel_agenttape.capture.sealing_fast import SealState, Tape
 from otel_agenttape.codec.typed import NotOtlpSafe
+from otel_agenttape.integrity import leaf_fast
 from otel_agenttape.integrity.chain import Chain
 from otel_agenttape.integrity.checkpoint import Checkpoint, read_checkpoint_file
 from otel_agenttape.integrity.jcs import CanonicalError
 from otel_agenttape.integrity.leaf import raw_attributes
-from otel_agenttape.integrity.leaf_fast import leaf_hash_from_sdk
+from otel_agenttape.integrity.leaf_fast import CONTENT_KEYS, leaf_hash_from_sdk, python_seal_hash_sdk, seal_hash_sdk
 from otel_agenttape.integrity.note import Signer, sign_note
 
 _log = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ SCOPE = InstrumentationScope(semconv.SCOPE_INTEGRITY)
 NODE_TYPES = frozenset({"model", "tool"})
 _CHAIN_ID, _CHAIN_SEQ, _CHAIN_PREV, _CHAIN_HASH, _CHAIN_EPOCH = (
     semconv.CHAIN_ID, semconv.CHAIN_SEQ, semconv.CHAIN_PREV, semconv.CHAIN_HASH, semconv.CHAIN_EPOCH)
+_CHAIN_SALTS = semconv.CHAIN_SALTS
 _monotonic = time.monotonic
 
 
@@ -72,7 +76,9 @@ class SealingSpanProcessor(SpanProcessor):
     ``seal_foreign`` (True: spans of other instrumentations are sealed into the trace's tape too);
     ``export_checkpoints`` (True: forward checkpoint spans); ``on_node(span)``: called with each
     sealed model/tool node span; ``on_checkpoint(record)``: called with each checkpoint record;
-    ``fsync`` (False): fsync the checkpoint file after each append.
+    ``fsync`` (False): fsync the checkpoint file after each append; ``content_keys``: the attribute
+    keys sealed as salted commitments (default ``semconv.CONTENT_KEYS``; an empty set seals v1 leaves);
+    ``salt_source(n)``: n random bytes (default ``os.urandom``; fixed salts are for test vectors only).
     """
 
     def __init__(
@@ -89,8 +95,17 @@ class SealingSpanProcessor(SpanProcessor):
         on_node: Callable[[ReadableSpan], Any] | None = None,
         on_checkpoint: Callable[[dict[str, Any]], Any] | None = None,
         fsync: bool = False,
+        content_keys: frozenset[str] | None = None,
+        salt_source: Callable[[int], bytes] | None = None,
     ) -> None:
         self.next_processor = next_processor
+        self.content_keys = CONTENT_KEYS if content_keys is None else frozenset(content_keys)
+        self.salt_source = salt_source or os.urandom
+        # the compiled step (and compiled leaf) seal with the default keys and os.urandom, or v1 leaves
+        self._default_salting = content_keys is None and salt_source is None
+        v1_native = getattr(leaf_fast.native_module, "seal_hash_v1_sdk", None)
+        self._v1_native = v1_native if not self.content_keys and salt_source is None else None
+        self._compiled_ok = self._default_salting or self._v1_native is not None
         self._next_on_ending = getattr(next_processor, "_on_ending", None)
         if signing_key is None and os.environ.get("AGENTTAPE_SIGNING_KEY"):
             signing_key = os.environ["AGENTTAPE_SIGNING_KEY"]
@@ -104,6 +119,7 @@ class SealingSpanProcessor(SpanProcessor):
         # the lock, the tapes, the cadence and the sealed count: shared with the compiled step
         self._state = SealState(max(1, int(checkpoint_every)), float(checkpoint_interval_s),
                                 bool(checkpoint_on_nodes), bool(seal_foreign))
+        self._state.seal_hash = self._v1_native
         self.export_checkpoints = export_checkpoints
         self.on_node = on_node
         self.on_checkpoint = on_checkpoint
@@ -143,13 +159,13 @@ class SealingSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         try:
             step = _fast.step
-            if step is None:
+            if step is None or not self._compiled_ok:
                 sealed, due = self._seal(span)
             else:
-                sealed, lh = step(self._state, span)
+                sealed, sealed_hash = step(self._state, span)
                 due = None
                 if sealed is None:  # the compiled step left it (and changed nothing): the Python step
-                    sealed, due = self._seal(span, lh)
+                    sealed, due = self._seal(span, sealed_hash)
         except Exception:
             self.errors += 1
             _log.debug("sealing failed; forwarding the span unsealed", exc_info=True)
@@ -204,20 +220,30 @@ class SealingSpanProcessor(SpanProcessor):
                 tape.root_span_id = ctx.span_id
                 tape.root_ctx = ctx
 
-    def _seal(self, span: ReadableSpan, lh: bytes | None = None) -> tuple[ReadableSpan, tuple | None]:
-        """The sealed copy of ``span`` and the checkpoint now due (``lh``: its leaf hash, if known)."""
+    def _leaf_hash(self, span: ReadableSpan) -> tuple[bytes, str | None]:
+        if self._default_salting:
+            return seal_hash_sdk(span)
+        if not self.content_keys:
+            return leaf_hash_from_sdk(span), None
+        return python_seal_hash_sdk(span, self.content_keys, self.salt_source)
+
+    def _seal(self, span: ReadableSpan, sealed_hash: tuple[bytes, str | None] | None = None
+              ) -> tuple[ReadableSpan, tuple | None]:
+        """The sealed copy of ``span`` and the checkpoint now due (``sealed_hash``: its leaf hash and
+        salts attribute, if known)."""
         state = self._state
         if not state.seal_foreign and not _ours(span):
             return span, None
         events = None
         try:
-            if lh is None:
-                lh = leaf_hash_from_sdk(span)
+            if sealed_hash is None:
+                sealed_hash = self._leaf_hash(span)
         except (NotOtlpSafe, CanonicalError, UnicodeEncodeError):
             span = make_otlp_safe(span)
             events = span._events
             self.coerced += 1
-            lh = leaf_hash_from_sdk(span)
+            sealed_hash = self._leaf_hash(span)
+        lh, salts = sealed_hash
         attrs = raw_attributes(span)
         ctx = span.context
         trace_id = ctx.trace_id
@@ -258,6 +284,8 @@ class SealingSpanProcessor(SpanProcessor):
         out[_CHAIN_PREV] = prev
         out[_CHAIN_HASH] = h
         out[_CHAIN_EPOCH] = epoch
+        if salts is not None:
+            out[_CHAIN_SALTS] = salts
         return SealedSpan(span, out, events), due
 
     def _open_chain(self, tape: Tape) -> tuple | None:

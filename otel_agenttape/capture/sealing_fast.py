@@ -8,8 +8,8 @@ and the monotonic time at which the tape's next checkpoint falls due (``Tape.due
 ``Tape.due_time``); the Python step, the timer and the compiled step only compare against those.
 
 ``step(state, span)`` is the compiled step, or None where it is not built or turned off
-(``AGENTTAPE_NO_NATIVE``). It returns ``(sealed, None)`` when it sealed the span, and ``(None, leaf
-hash or None)`` when the span needs the Python step (a tape or chain to open, a checkpoint due, the
+(``AGENTTAPE_NO_NATIVE``). It returns ``(sealed, None)`` when it sealed the span, and ``(None, (leaf
+hash, salts text or None) or None)`` when the span needs the Python step (a tape or chain to open, a checkpoint due, the
 tape's root ending, a value to make OTLP-safe, a layout it does not know), having changed nothing.
 ``tests/test_sealing_native.py`` seals the same spans both ways.
 """
@@ -58,7 +58,7 @@ class Tape:
 class SealState:
     """The lock, the open tapes by trace id, the cadence and the count of sealed spans."""
 
-    __slots__ = ("every", "interval", "lock", "on_nodes", "seal_foreign", "sealed", "tapes")
+    __slots__ = ("every", "interval", "lock", "on_nodes", "seal_foreign", "seal_hash", "sealed", "tapes")
 
     def __init__(self, every: int, interval: float, on_nodes: bool, seal_foreign: bool) -> None:
         self.lock = threading.Lock()
@@ -68,6 +68,8 @@ class SealState:
         self.on_nodes = on_nodes  # ... and at every model/tool node end
         self.seal_foreign = seal_foreign
         self.sealed = 0
+        # the compiled step's leaf hash when it is not the configured v2 one (v1 leaves: no content keys)
+        self.seal_hash: Any = None
 
     def schedule(self, tape: Tape, size: int, now: float) -> None:
         """The cadence rule: after a checkpoint at ``size`` (at ``now``), the next falls due ``every``
@@ -82,7 +84,7 @@ def configure(compiled: Any) -> Any:
     leaf = leaf_fast.native_module
     if compiled is None or leaf is None or leaf.verified_span_context() is None:
         return None
-    compiled.configure(leaf.leaf_hash_sdk, SealedSpan, leaf.verified_span_context(), ORIGINAL_FIELD,
+    compiled.configure(leaf.seal_hash_sdk, SealedSpan, leaf.verified_span_context(), ORIGINAL_FIELD,
                        ATTRIBUTES_FIELD)
     return compiled.step
 

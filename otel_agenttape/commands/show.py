@@ -36,6 +36,8 @@ def _print_steps(run: Run, cost: dict[str, Any], indent: str = "") -> None:
     call_usd = {c["span_id"]: c["usd"] for c in cost["calls"]}
     if run.truncated:
         head += f"  TRUNCATED({len(run.truncated)})"
+    if run.erased:
+        head += f"  ERASED({len(run.erased)})"
     print(head)
     for step in run.steps:
         p = step.payload

@@ -53,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"        also at {issue.index}: {issue.reason}")
         if r.restored_from:
             print(f"        restored epoch; previous checkpoint: {r.restored_from}")
+        if r.erased_values or r.erased_spans:
+            names = ", ".join(f"erasure {e['id']} on {e['date']}" for e in r.erasures) or "no valid erasure record"
+            print(f"        {r.erased_spans} spans, {r.erased_values} values erased by {names}")
         if r.removed_by_retention:
             print(f"        {r.removed_by_retention} earlier entries removed by retention (recorded in the lake)")
     for f in files:

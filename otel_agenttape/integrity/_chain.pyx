@@ -134,3 +134,75 @@ def append_hash(chain: object, lh: bytes):
     chain.head = h
     chain.size = seq + 1
     return _tuple_new(_Link, (chain.chain_id, chain.epoch, seq, prev, h))
+
+
+# --- leaf v2: salted commitments for the verifier's fast path (``tape/sealed_entries._commit``) ------
+
+import orjson as _orjson
+
+cdef object _json_loads = _orjson.loads
+cdef object _json_dumps = _orjson.dumps
+cdef object _SORT_KEYS = _orjson.OPT_SORT_KEYS
+cdef enum:
+    _COMMIT_STACK = 4096
+
+
+cdef inline int _unhex(char c):
+    if 48 <= c <= 57:
+        return c - 48
+    if 97 <= c <= 102:
+        return c - 87
+    return -1  # upper case, spaces or anything else: the reference refuses the salt
+
+
+def commit_salts(dict a, list events, object salts_text, dict labels, object label_of):
+    """Replace each salted value of the typed sets ``a`` (the span's) and ``events[i]["attributes"]``
+    by ``{"c": hex(sha256(salt || orjson-sorted bytes of the value))}``; True when done, False for a
+    salts map the reference would refuse (then nothing is promised about ``a``: the caller takes the
+    general path), None where SHA-256 is not called directly. Missing values raise (KeyError,
+    IndexError): the general path decides. ``labels`` caches ``label_of(label) -> (event index or None,
+    key)``."""
+    cdef unsigned char salt[16]
+    cdef unsigned char dig[32]
+    cdef char stack[_COMMIT_STACK]
+    cdef char hexed[64]
+    cdef const char* hp
+    cdef const char* vp
+    cdef Py_ssize_t i, n
+    cdef int hi, lo
+    if not _DIRECT:
+        return None
+    salts = _json_loads(salts_text)
+    if type(salts) is not dict:
+        return False
+    for label, h in (<dict>salts).items():
+        if type(h) is not str or not PyUnicode_IS_ASCII(h) or PyUnicode_GET_LENGTH(h) != 32:
+            return False
+        hp = <const char*>PyUnicode_DATA(h)
+        for i in range(16):
+            hi = _unhex(hp[2 * i])
+            lo = _unhex(hp[2 * i + 1])
+            if hi < 0 or lo < 0:
+                return False
+            salt[i] = <unsigned char>(hi * 16 + lo)
+        r = labels.get(label)
+        if r is None:
+            r = label_of(label)
+        idx = (<tuple>r)[0]
+        key = (<tuple>r)[1]
+        t = a if idx is None else events[idx]["attributes"]
+        v = _json_dumps(t[key], option=_SORT_KEYS)
+        n = PyBytes_GET_SIZE(v)
+        vp = PyBytes_AS_STRING(v)
+        if n + 16 <= _COMMIT_STACK:
+            memcpy(stack, salt, 16)
+            memcpy(stack + 16, vp, n)
+            at_sha256(<const unsigned char*>stack, n + 16, dig)
+        else:
+            data = PyBytes_FromStringAndSize(<char*>salt, 16) + v
+            at_sha256(<const unsigned char*>PyBytes_AS_STRING(data), n + 16, dig)
+        for i in range(32):
+            hexed[2 * i] = _HEX[dig[i] >> 4]
+            hexed[2 * i + 1] = _HEX[dig[i] & 15]
+        t[key] = {"c": PyUnicode_DecodeLatin1(hexed, 64, NULL)}
+    return True

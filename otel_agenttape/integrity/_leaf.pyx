@@ -11,8 +11,10 @@ surrogate, an unknown span layout) returns ``None`` and the Python path decides,
 path can only ever give the Python path's bytes or step aside. Strings are written as orjson writes
 them: UTF-8, with only ``"``, ``\\`` and control characters escaped (``\\b \\f \\n \\r \\t`` short,
 others ``\\u00xx``). ``leaf_hash_sdk(span)`` hashes the same bytes in the buffer, behind the Merkle
-leaf prefix, for sealing (which needs only the hash). ``tests/test_leaf_native.py`` compares both
-paths byte for byte.
+leaf prefix. ``seal_hash_sdk(span)`` is what sealing needs: the leaf hash with every content value
+(``semconv.CONTENT_KEYS``) written as its salted commitment (leaf v2), fresh 16-byte salts taken
+from a pool of ``os.urandom`` bytes (each used once), and the ``agenttape.chain.salts`` text.
+``tests/test_leaf_native.py`` compares both paths byte for byte.
 """
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -27,7 +29,10 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 import hashlib
+import os
 from collections import OrderedDict
+
+from otel_agenttape import semconv
 
 cdef extern from *:
     """
@@ -78,6 +83,7 @@ cdef extern from *:
     Py_ssize_t at_plain_run(const uint8_t*, Py_ssize_t) nogil
 
 cdef extern from "Python.h":
+    object PyUnicode_DecodeASCII(const char* s, Py_ssize_t size, const char* errors)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
     int PyUnicode_KIND(object)
     void* PyUnicode_DATA(object)
@@ -90,6 +96,15 @@ cdef extern from "Python.h":
     int PyBUF_READ
 
 cdef object _OrderedDict = OrderedDict
+cdef frozenset _CONTENT = semconv.CONTENT_KEYS
+cdef object _urandom = os.urandom
+# The salt pool: random bytes handed out 16 at a time, each once (refilled between spans, never
+# inside one, so that no Python code runs while a span's borrowed keys and values are written).
+cdef enum:
+    _SALT = 16
+    _POOL = 4096
+cdef bytes _pool = b""
+cdef Py_ssize_t _pool_off = _POOL
 cdef str _CHAIN_PREFIX = "agenttape.chain."
 cdef Py_ssize_t _STACK = 8192
 cdef extern from "_sha256.h":
@@ -433,6 +448,7 @@ cdef class _KeyOrder:
     cdef list seen  # the key objects (held, so that their addresses are not reused)
     cdef Py_ssize_t n
     cdef Py_ssize_t perm[_MAX_KEYS]  # dict positions in code-point order of their keys
+    cdef bint content[_MAX_KEYS]  # whether the key at perm[j] is a content key
 
     def __cinit__(self):
         self.seen = []
@@ -456,6 +472,7 @@ cdef class _KeyOrder:
         order = sorted(range(n), key=seen.__getitem__)
         for i in range(n):
             self.perm[i] = order[i]
+            self.content[i] = seen[order[i]] in _CONTENT
         self.seen = seen
         self.n = n
         return 0
@@ -476,8 +493,42 @@ cdef inline Py_ssize_t _collect(object attrs, PyObject** ks, PyObject** vs):
     return i
 
 
-cdef int _attrs(Buf* b, object attrs, bint skip_chain) except -1:
-    """A plain dict of attributes in code-point key order (``leaf_fast._fast_attrs``)."""
+cdef int _committed(Buf* b, object v, list found, Py_ssize_t ev, object key) except -1:
+    """``{"c":"<hex sha256(salt || typed value)>"}`` with the next salt of the pool (leaf v2); the
+    salts are taken in order from the pool, so ``found`` keeps only ``(event index or -1, key)``."""
+    global _pool_off
+    cdef char stack[4096]
+    cdef Buf t
+    cdef unsigned char dig[32]
+    cdef int i
+    if _pool_off + _SALT > _POOL or not _DIRECT:
+        raise _Bail  # the pool ran out within one span, or no direct SHA-256: the Python path
+    t.p = stack
+    t.n = 0
+    t.cap = 4096
+    t.heap = False
+    try:
+        _put(&t, (<char*>_pool) + _pool_off, _SALT)
+        found.append(key if ev < 0 else (ev, key))
+        _pool_off += _SALT
+        _value(&t, v)
+        at_sha256(<const unsigned char*>t.p, t.n, dig)
+    finally:
+        if t.heap:
+            PyMem_Free(t.p)
+    _reserve(b, 72)
+    memcpy(b.p + b.n, b'{"c":"', 6)
+    b.n += 6
+    for i in range(32):
+        b.p[b.n] = _HEX[dig[i] >> 4]
+        b.p[b.n + 1] = _HEX[dig[i] & 15]
+        b.n += 2
+    return _put(b, '"}', 2)
+
+
+cdef int _attrs(Buf* b, object attrs, bint skip_chain, list found=None, Py_ssize_t ev=-1) except -1:
+    """A plain dict of attributes in code-point key order (``leaf_fast._fast_attrs``); with ``found``,
+    content values are written as commitments and ``(event index or -1, key, salt)`` appended."""
     cdef PyObject* ks[_MAX_KEYS]
     cdef PyObject* vs[_MAX_KEYS]
     cdef Py_ssize_t n, j, idx
@@ -489,7 +540,7 @@ cdef int _attrs(Buf* b, object attrs, bint skip_chain) except -1:
         raise _Bail
     n = len(attrs)
     if n > _MAX_KEYS:
-        return _attrs_sorted(b, attrs, skip_chain)
+        return _attrs_sorted(b, attrs, skip_chain, found, ev)
     order = _SPAN_ORDER if skip_chain else _OTHER_ORDER
     if _collect(attrs, ks, vs) != n:
         raise _Bail
@@ -505,11 +556,14 @@ cdef int _attrs(Buf* b, object attrs, bint skip_chain) except -1:
         idx = order.perm[j]
         _text(b, <object>ks[idx])
         _put(b, ":", 1)
-        _value(b, <object>vs[idx])
+        if found is not None and order.content[j]:
+            _committed(b, <object>vs[idx], found, ev, <object>ks[idx])
+        else:
+            _value(b, <object>vs[idx])
     return _put(b, "}", 1)
 
 
-cdef int _attrs_sorted(Buf* b, object attrs, bint skip_chain) except -1:
+cdef int _attrs_sorted(Buf* b, object attrs, bint skip_chain, list found, Py_ssize_t ev) except -1:
     """A large attribute set: checked and sorted each time."""
     cdef list keys = list((<dict>attrs).keys())
     cdef PyObject* v
@@ -528,7 +582,10 @@ cdef int _attrs_sorted(Buf* b, object attrs, bint skip_chain) except -1:
         v = PyDict_GetItem(attrs, k)
         if v == NULL:
             raise _Bail
-        _value(b, <object>v)
+        if found is not None and k in _CONTENT:
+            _committed(b, <object>v, found, ev, k)
+        else:
+            _value(b, <object>v)
     return _put(b, "}", 1)
 
 
@@ -625,11 +682,12 @@ cdef inline object _dropped(object holder, object bounded):
     return holder.dropped if isinstance(holder, bounded) else 0
 
 
-cdef int _span(Buf* b, object span) except -1:
+cdef int _span(Buf* b, object span, list found=None) except -1:
     cdef bint first
     cdef bint plain = _plain_dropped(type(span))
+    cdef Py_ssize_t ev = 0
     _put(b, '{"attributes":', 14)
-    _attrs(b, _plain(span), True)
+    _attrs(b, _plain(span), True, found, -1)
     _put(b, ',"dropped_attributes_count":', 28)
     _i64(b, _dropped(span._attributes, _BoundedAttributes) if plain else span.dropped_attributes)
     _put(b, ',"dropped_events_count":', 24)
@@ -650,7 +708,8 @@ cdef int _span(Buf* b, object span) except -1:
             ea = e._attributes
             if type(ea) is not dict:
                 ea = getattr(ea, "_dict", ea)
-            _attrs(b, ea, False)  # a falsy holder: {}
+            _attrs(b, ea, False, found, ev)  # a falsy holder: {}
+            ev += 1
             _put(b, ',"dropped_attributes_count":', 28)
             _i64(b, e.dropped_attributes)
             _put(b, ',"name":', 8)
@@ -718,6 +777,8 @@ cdef int _span(Buf* b, object span) except -1:
     if type(ts) is _TraceState:
         ts = ts._dict  # the same pairs, in the same order
     _str(b, ",".join([f"{k}={v}" for k, v in ts.items()]) if ts else "")
+    if found:
+        return _put(b, ',"v":2}', 7)  # a leaf that commits to content is v2
     return _put(b, ',"v":1}', 7)
 
 
@@ -783,3 +844,85 @@ def leaf_hash_sdk(span: object) -> bytes | None:
     finally:
         if b.heap:
             PyMem_Free(b.p)
+
+
+def seal_hash_sdk(span: object) -> tuple | None:
+    """``(Merkle leaf hash, agenttape.chain.salts text or None)`` of a span sealed as leaf v2 with fresh
+    salts for its content values (``leaf_fast.python_seal_hash_sdk``), or ``None`` for the Python path."""
+    global _pool, _pool_off
+    cdef char stack[8192]
+    cdef Buf b
+    cdef Buf t
+    cdef unsigned char dig[32]
+    cdef list found = []
+    cdef char tstack[512]
+    cdef Py_ssize_t start, off
+    if _pool_off > _POOL - 64 * _SALT:  # room for 64 values; a span with more refills next time
+        _pool = _urandom(_POOL)
+        _pool_off = 0
+    start = _pool_off
+    _open(&b, stack)
+    try:
+        try:
+            _span(&b, span, found)
+        except Exception:  # as in leaf_sdk (the salts taken are thrown away, never reused)
+            return None
+        if _DIRECT:
+            at_sha256(<const unsigned char*>b.p, b.n, dig)
+            lh = PyBytes_FromStringAndSize(<char*>dig, 32)
+        else:
+            lh = _sha256(PyMemoryView_FromMemory(b.p, b.n, PyBUF_READ)).digest()
+    finally:
+        if b.heap:
+            PyMem_Free(b.p)
+    if not found:
+        return lh, None
+    t.p = tstack
+    t.n = 0
+    t.cap = 512
+    t.heap = False
+    try:
+        _put(&t, "{", 1)
+        off = start
+        for item in found:
+            if off != start:
+                _put(&t, ",", 1)
+            if type(item) is tuple:
+                _text(&t, f"event:{(<tuple>item)[0]}:{(<tuple>item)[1]}")
+            else:
+                _text(&t, item)
+            _put(&t, ':"', 2)
+            _hex_mem(&t, (<const unsigned char*><char*>_pool) + off, _SALT)
+            off += _SALT
+            _put(&t, '"', 1)
+        _put(&t, "}", 1)
+        if _ascii_only(t.p, t.n):
+            return lh, PyUnicode_DecodeASCII(t.p, t.n, NULL)
+        return lh, (<bytes>PyBytes_FromStringAndSize(t.p, t.n)).decode("utf-8")
+    finally:
+        if t.heap:
+            PyMem_Free(t.p)
+
+
+cdef bint _ascii_only(const char* p, Py_ssize_t n):
+    cdef Py_ssize_t i
+    for i in range(n):
+        if (<const unsigned char>p[i]) >= 0x80:
+            return False
+    return True
+
+
+cdef int _hex_mem(Buf* b, const unsigned char* p, Py_ssize_t n) except -1:
+    cdef Py_ssize_t i
+    _reserve(b, 2 * n)
+    for i in range(n):
+        b.p[b.n] = _HEX[p[i] >> 4]
+        b.p[b.n + 1] = _HEX[p[i] & 15]
+        b.n += 2
+    return 0
+
+
+def seal_hash_v1_sdk(span: object) -> tuple | None:
+    """``(leaf_hash_sdk(span), None)``: sealing with no content keys (v1 leaves), or ``None``."""
+    lh = leaf_hash_sdk(span)
+    return None if lh is None else (lh, None)

@@ -94,3 +94,15 @@ NATIVE = _native is not None
 if _native is not None:
     _native.set_link_type(Link)
     Chain.append_hash = _native.append_hash  # type: ignore[method-assign]
+
+_native_sha256 = _native.sha256 if _native is not None else None
+
+
+def sha256_digest(data: bytes) -> bytes:
+    """SHA-256 of ``data``: libcrypto called directly when the compiled chain is built (hashlib's
+    per-call set-up costs more than hashing a short content value), else hashlib."""
+    if _native_sha256 is not None:
+        d = _native_sha256(data)
+        if d is not None:
+            return d
+    return _sha256(data).digest()

@@ -15,8 +15,10 @@ the caches of keys and typed ints below (only caches: clearing them changes no l
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -24,11 +26,14 @@ import orjson
 from otel_agenttape import native, semconv
 from otel_agenttape.codec.typed import INT64_MAX, INT64_MIN
 from otel_agenttape.integrity.leaf import (
+    LEAF_V1,
     LEAF_VERSION,
+    SALT_BYTES,
     leaf_bytes,
     project_sdk,
     raw_attributes,
     sdk_trace_state,
+    split_label,
 )
 from otel_agenttape.integrity.merkle import leaf_hash
 
@@ -123,7 +128,18 @@ def _fast_attrs(attrs: Mapping[str, Any], skip_chain: bool) -> dict[str, Any]:
     return out
 
 
-def fast_leaf_sdk(span: Any) -> bytes | None:
+def _commit_fast(attrs: dict[str, Any], events: list[dict[str, Any]], salts: Mapping[str, bytes]) -> None:
+    """Leaf v2 on the fast path's typed sets (flat values only, so orjson's sorted bytes are RFC 8785's)."""
+    for label, salt in salts.items():
+        idx, key = split_label(label)
+        t = attrs if idx is None else events[idx]["attributes"]
+        t[key] = {"c": _sha256(salt + _dumps(t[key], option=_SORTED)).hexdigest()}
+
+
+_sha256 = hashlib.sha256
+
+
+def fast_leaf_sdk(span: Any, salts: Mapping[str, bytes] | None = None) -> bytes | None:
     attrs = _fast_attrs(raw_attributes(span), True)
     evs = span._events
     evs = getattr(evs, "_dq", evs)  # an SDK BoundedList: its deque (the span has ended; no copy needed)
@@ -146,6 +162,8 @@ def fast_leaf_sdk(span: Any) -> bytes | None:
     parent = span._parent
     status = span._status
     ts = ctx.trace_state
+    if salts:
+        _commit_fast(attrs, events, salts)
     try:
         return _dumps({
             "attributes": attrs,
@@ -164,7 +182,7 @@ def fast_leaf_sdk(span: Any) -> bytes | None:
             "status": {"code": status.status_code._value_, "message": status.description or ""},
             "trace_id": ctx.trace_id.to_bytes(16, "big").hex(),
             "trace_state": sdk_trace_state(ts) if ts else "",
-            "v": LEAF_VERSION,
+            "v": LEAF_VERSION if salts is not None else LEAF_V1,
         }, option=_SORTED)
     except (orjson.JSONEncodeError, TypeError):
         return None  # e.g. an unpaired surrogate: the general path raises CanonicalError
@@ -174,6 +192,7 @@ def fast_leaf_sdk(span: Any) -> bytes | None:
 native_module = native.load("otel_agenttape.integrity._leaf")
 _native_leaf_sdk = native_module.leaf_sdk if native_module is not None else None
 _native_leaf_hash_sdk = native_module.leaf_hash_sdk if native_module is not None else None
+_native_seal_hash_sdk = getattr(native_module, "seal_hash_sdk", None) if native_module is not None else None
 NATIVE = native_module is not None
 
 
@@ -186,13 +205,63 @@ def leaf_from_sdk(span: Any) -> bytes:
     return python_leaf_from_sdk(span)
 
 
-def python_leaf_from_sdk(span: Any) -> bytes:
-    """The reference for ``leaf_from_sdk``: the fast path below, else ``leaf_bytes(project_sdk(span))``."""
+def python_leaf_from_sdk(span: Any, salts: Mapping[str, bytes] | None = None) -> bytes:
+    """The reference for ``leaf_from_sdk``: the fast path below, else ``leaf_bytes(project_sdk(span))``.
+
+    ``salts``: commit these values (leaf v2, as sealing does); by default the span's own salts (a span
+    that carries ``agenttape.chain.*`` keys always takes the general path)."""
     try:
-        leaf = fast_leaf_sdk(span)
+        leaf = fast_leaf_sdk(span, salts)
     except (_General, AttributeError, OverflowError):  # AttributeError: not the SDK's ReadableSpan layout
         leaf = None
-    return leaf if leaf is not None else leaf_bytes(project_sdk(span))
+    return leaf if leaf is not None else leaf_bytes(project_sdk(span, salts))
+
+
+# --- sealing: fresh salts for the content values -------------------------------------------------
+
+CONTENT_KEYS = semconv.CONTENT_KEYS
+
+
+def fresh_salts(span: Any, content_keys: frozenset[str] = CONTENT_KEYS,
+                salt_source: Callable[[int], bytes] = os.urandom) -> dict[str, bytes] | None:
+    """A fresh 128-bit salt per content value of a live span (span and event attributes), or None."""
+    salts = None
+    attrs = raw_attributes(span)
+    if attrs and not content_keys.isdisjoint(attrs):
+        salts = {k: salt_source(SALT_BYTES) for k in attrs if k in content_keys}
+    evs = span._events if hasattr(span, "_events") else span.events
+    if evs:
+        for i, e in enumerate(getattr(evs, "_dq", evs)):
+            ea = raw_attributes(e)
+            if ea and not content_keys.isdisjoint(ea):
+                if salts is None:
+                    salts = {}
+                for k in ea:
+                    if k in content_keys:
+                        salts[f"event:{i}:{k}"] = salt_source(SALT_BYTES)
+    return salts
+
+
+def salts_text(salts: Mapping[str, bytes]) -> str:
+    """The ``agenttape.chain.salts`` attribute value: a JSON object of label -> hex salt."""
+    return orjson.dumps({k: v.hex() for k, v in salts.items()}).decode()
+
+
+def python_seal_hash_sdk(span: Any, content_keys: frozenset[str] = CONTENT_KEYS,
+                         salt_source: Callable[[int], bytes] = os.urandom) -> tuple[bytes, str | None]:
+    """``(Merkle leaf hash, salts attribute or None)`` of a live span sealed as leaf v2."""
+    salts = fresh_salts(span, content_keys, salt_source)
+    lh = leaf_hash(python_leaf_from_sdk(span, salts))
+    return lh, (salts_text(salts) if salts is not None else None)
+
+
+def seal_hash_sdk(span: Any) -> tuple[bytes, str | None]:
+    """``python_seal_hash_sdk`` with the default content keys and salts, compiled when built."""
+    if _native_seal_hash_sdk is not None:
+        r = _native_seal_hash_sdk(span)
+        if r is not None:
+            return r
+    return python_seal_hash_sdk(span)
 
 
 def leaf_hash_from_sdk(span: Any) -> bytes:

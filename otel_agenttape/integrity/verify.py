@@ -33,6 +33,7 @@ class Entry:
     problem: str | None = None  # set by the reader, e.g. chain columns that disagree with attributes
     computed_hash: str | None = None  # link_hash(prev, leaf), when the reader computed it and dropped the leaf
     merkle_leaf: bytes | None = None  # leaf_hash(leaf), likewise
+    erased: dict[str, str] | None = None  # leaf v2: the span's erased values (label -> commitment)
 
     def compact(self) -> Entry:
         """Precompute both hashes and drop the leaf bytes (keeps a million entries small)."""
@@ -78,6 +79,9 @@ class ChainReport:
     untrusted_checkpoints: int = 0
     trace_id: str | None = None  # set when processes sealed the same tape id and epoch in several traces
     removed_by_retention: int = 0  # entries a recorded retention removed (not a finding)
+    erased_spans: int = 0  # spans with values erased by an erasure record that accounts for them
+    erased_values: int = 0
+    erasures: list[dict[str, str]] = field(default_factory=list)  # [{"id", "date"}]
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -266,4 +270,22 @@ def verify_chain(
         first = precise[0] if precise else issues[0]
         report.first_broken_index = first.index
         report.reason = first.reason
+    return report
+
+
+def add_issues(report: ChainReport, extra: Sequence[Issue]) -> ChainReport:
+    """Add entry-level findings made outside ``verify_chain`` (erasures) and re-derive the verdict.
+
+    An entry-level finding comes before a checkpoint mismatch at the same or a later index, as in
+    ``verify_chain``."""
+    if not extra:
+        return report
+    issues = sorted([*report.issues, *extra], key=lambda i: (i.index, i.kind != TAMPER))
+    report.issues = issues
+    report.valid = False
+    coarse = [i for i in issues if i.reason.startswith("checkpoint at size ")]
+    precise = [i for i in issues if i not in coarse]
+    first = precise[0] if precise else issues[0]
+    report.first_broken_index = first.index
+    report.reason = first.reason
     return report

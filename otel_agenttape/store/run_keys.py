@@ -36,9 +36,11 @@ _UNBOUNDED = ("span_lo", "span_hi")
 _SPAN_COLUMNS = ("run_id, trace_id, start_time_unix_nano, node_type, operation_name, agent_name, run_status, "
                  "status_code, session_id, service_name, status_message")
 # A span without a run id that is not another instrumentation's: the tape checkpoints capture exports
-# (never a run, a model call or a tool call), so a sealed store is not read as holding foreign runs.
-# ... nor the ``agenttape.score`` spans of a score's own tape (a score names a run; it is not one).
-NOT_CHECKPOINT = (f"NOT ((name = '{sc.EVENT_CHECKPOINT}' AND scope_name IS NOT DISTINCT FROM '{sc.SCOPE_INTEGRITY}') "
+# (never a run, a model call or a tool call), erasure records, and the ``agenttape.score`` spans of a
+# score's own tape (a score names a run; it is not one), so a sealed store is not read as holding
+# foreign runs.
+NOT_CHECKPOINT = (f"NOT ((name IN ('{sc.EVENT_CHECKPOINT}', '{sc.EVENT_ERASURE}') "
+                  f"AND scope_name IS NOT DISTINCT FROM '{sc.SCOPE_INTEGRITY}') "
                   f"OR (name = '{sc.SCORE_SPAN_NAME}' AND scope_name IS NOT DISTINCT FROM '{sc.SCOPE_NAME}'))")
 FOREIGN_SPANS = ("(SELECT * FROM spans WHERE trace_id IN "
                  f"(SELECT trace_id FROM spans WHERE run_id IS NULL AND {NOT_CHECKPOINT}))")

@@ -36,6 +36,8 @@ class DatasetResult:
 
 
 def skip_reason(run: Run) -> str | None:
+    if run.erased:  # content erased (agenttape erase): what is left is not the conversation
+        return "erased"
     if run.status != sc.STATUS_COMPLETED:
         return f"status={run.status}"
     if not any(m.role in ("user", "system") and (m.content() or m.parts) for m in run.input):

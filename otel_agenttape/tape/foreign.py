@@ -185,6 +185,7 @@ def _base(span: SpanRow, node_type: str) -> Node:
         turn_id=None if a.get(sc.TURN_ID) is None else str(a.get(sc.TURN_ID)),
         step=_int(a.get(sc.STEP)),
         truncated=truncated_keys(span),
+        erased=list(span.erased),
         events=[{"name": e["name"], "time_ns": e["time_ns"], **e["attrs"]} for e in _ordered_events(span)],
         attributes=dict(a),
     )

@@ -59,6 +59,7 @@ class SpanRow:
     role: str | None = None  # run | model | tool | other, set once by ``foreign.classify``
     scope_name: str | None = None
     is_root: bool = False  # no parent span in its trace (set when its trace is partitioned)
+    erased: list[str] = field(default_factory=list)  # erased content (``mark_erased``): labels
 
     @property
     def key(self) -> tuple[str, str]:
@@ -388,6 +389,9 @@ def load_traces(reader: Reader, windows: Windows, into: TraceSet | None = None, 
                     "attrs": attrs_to_python(e["attributes"]),
                 }
             )
+    for span in new.values():
+        if sc.CHAIN_ERASED in span.attrs:
+            mark_erased(span)
     ts.spans.update(new)
     ts.trace_ids.update(ids)
     if links:
@@ -437,3 +441,28 @@ def load_logs(reader: Reader, ids: Sequence[str], ts: TraceSet) -> None:
                 "attrs": attrs,
             }
         )
+
+
+ERASED = "[erased]"
+
+
+def mark_erased(span: SpanRow) -> None:
+    """Show each erased content value (leaf v2, ``agenttape erase``) as ``[erased]`` where it was, and
+    list its label in ``span.erased``: replay, show and the dataset then say what is gone."""
+    try:
+        erased = orjson.loads(span.attrs.get(sc.CHAIN_ERASED) or "{}")
+    except (orjson.JSONDecodeError, TypeError):
+        return
+    if not isinstance(erased, dict):
+        return
+    by_index = {e.get("index"): e for e in span.events}
+    for label in erased:
+        idx, _, key = label[6:].partition(":") if label.startswith("event:") else ("", "", label)
+        if idx:
+            ev = by_index.get(int(idx)) if idx.isdigit() else None
+            if ev is None:
+                continue
+            ev["attrs"].setdefault(key, ERASED)
+        else:
+            span.attrs.setdefault(key, ERASED)
+        span.erased.append(label)

@@ -97,6 +97,7 @@ class Node:
     tool_error: str | None = None
     # both
     truncated: list[str] = field(default_factory=list)
+    erased: list[str] = field(default_factory=list)  # content erased by ``agenttape erase`` (labels)
     events: list[dict[str, Any]] = field(default_factory=list)
     attributes: dict[str, Any] = field(default_factory=dict)
 
@@ -133,6 +134,8 @@ class Node:
         out["status"] = self.status
         if self.truncated:
             out["truncated"] = list(self.truncated)
+        if self.erased:
+            out["erased"] = list(self.erased)
         return out
 
 
@@ -180,6 +183,7 @@ class Run:
     nodes: list[Node] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     truncated: list[str] = field(default_factory=list)
+    erased: list[str] = field(default_factory=list)  # "span_id:label" of content erased by ``agenttape erase``
     children: list[Run] = field(default_factory=list)
     trace_ids: list[str] = field(default_factory=list)
 
@@ -230,6 +234,8 @@ class Run:
             out["status_message"] = self.status_message
         if self.truncated:
             out["truncated"] = list(self.truncated)
+        if self.erased:
+            out["erased"] = list(self.erased)
         return out
 
 

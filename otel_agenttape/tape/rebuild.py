@@ -420,6 +420,8 @@ def build_run(parts: _RunParts, below: Callable[[], list[Node]] | None = None) -
     truncated = sorted({f"{n.span_id}:{k}" for n in nodes for k in n.truncated})
     for s in run_spans:
         truncated += [f"{s.span_id}:{k}" for k in foreign.truncated_keys(s)]
+    erased = sorted({f"{s.span_id}:{k}" for s in run_spans for k in s.erased}
+                    | {f"{n.span_id}:{k}" for n in nodes for k in n.erased})
     run = Run(
         run_id=parts.key,
         trace_id=parts.trace_id,
@@ -447,6 +449,7 @@ def build_run(parts: _RunParts, below: Callable[[], list[Node]] | None = None) -
         models=list(dict.fromkeys(n.model for n in models if n.model)),
         nodes=nodes,
         truncated=truncated,
+        erased=erased,
         trace_ids=sorted({s.trace_id for s in spans}),
     )
     run.steps = build_steps(run)

@@ -1,7 +1,8 @@
 """The fast path to the chain entries of sealed rows, beside the reference ``sealed_rows.row_entry``.
 
 ``batch_entries`` serializes a leaf straight from the stored typed JSON and keeps it only when it
-reproduces the stored chain hash; every other row takes ``row_entry``, so findings are the reference
+reproduces the stored chain hash (a leaf v2 row has its salted values committed and its erased ones
+entered first, ``_commit``); every other row takes ``row_entry``, so findings are the reference
 path's (``tests/test_integrity_fastpath.py`` holds both equal). ``iter_entries`` runs it over a tape,
 in one process per core for large tapes.
 """
@@ -15,8 +16,9 @@ from typing import Any
 import orjson
 
 from otel_agenttape import semconv
-from otel_agenttape.integrity.chain import link_from_leaf_hash
-from otel_agenttape.integrity.leaf import LEAF_VERSION
+from otel_agenttape.integrity import chain as _chain
+from otel_agenttape.integrity.chain import link_from_leaf_hash, sha256_digest
+from otel_agenttape.integrity.leaf import LEAF_V1, LEAF_VERSION, split_label
 from otel_agenttape.integrity.merkle import leaf_hash
 from otel_agenttape.integrity.verify import Entry
 from otel_agenttape.tape.sealed_rows import CompactEntry, from_compact, query_rows, row_entry, to_compact
@@ -26,6 +28,63 @@ _CHAIN_ID, _CHAIN_SEQ, _CHAIN_PREV, _CHAIN_HASH, _CHAIN_EPOCH = (
 _loads = orjson.loads
 _dumps = orjson.dumps
 _SORTED = orjson.OPT_SORT_KEYS
+_SALTS, _ERASED = semconv.CHAIN_SALTS, semconv.CHAIN_ERASED
+_fromhex = bytes.fromhex
+_native_sha256 = _chain._native_sha256  # libcrypto called directly (None where not built)
+# the compiled twin of the salts loop below (integrity/_chain.pyx), where built
+_native_commit = getattr(_chain._native, "commit_salts", None) if _chain._native is not None else None
+_HEX = frozenset("0123456789abcdef")
+
+
+class _General(Exception):
+    """A commitment map the fast path does not take: the general path decides."""
+
+
+_LABELS: dict[str, tuple[int | None, str]] = {}
+
+
+def _label(label: str) -> tuple[int | None, str]:
+    r = split_label(label)
+    if len(_LABELS) < 4096:  # only a cache: the same few labels recur on every row
+        _LABELS[label] = r
+    return r
+
+
+def _commit(a: dict[str, Any], events: list[dict[str, Any]], st: Any, er: Any) -> None:
+    """Leaf v2 on the stored typed sets, as ``leaf.apply_commitments`` does it: each salted value
+    replaced by ``{"c": sha256(salt || its bytes)}``, each erased one entered as its commitment.
+
+    Only well-formed maps are taken (anything ``apply_commitments`` would refuse raises), so a row it
+    accepts is one the reference path accepts with the same leaf."""
+    if er is None and _native_commit is not None:  # the common row: salts, nothing erased
+        done = _native_commit(a, events, st["s"], _LABELS, _label)
+        if done:
+            return
+        if done is False:
+            raise _General
+    salts = _loads(st["s"]) if st is not None else {}
+    erased = _loads(er["s"]) if er is not None else {}
+    if type(salts) is not dict or type(erased) is not dict:
+        raise _General
+    for label, h in salts.items():
+        if type(h) is not str or len(h) != 32 or label in erased:
+            raise _General
+        salt = _fromhex(h)
+        if len(salt) != 16 or not (h.islower() or h.isdigit()):  # spaces, upper case: the reference refuses them
+            raise _General
+        idx, key = _LABELS.get(label) or _label(label)
+        t = a if idx is None else events[idx]["attributes"]
+        data = salt + _dumps(t[key], option=_SORTED)
+        d = _native_sha256(data) if _native_sha256 is not None else None
+        t[key] = {"c": (d if d is not None else sha256_digest(data)).hex()}
+    for label, c in erased.items():
+        if type(c) is not str or len(c) != 64 or not _HEX.issuperset(c):
+            raise _General
+        idx, key = _LABELS.get(label) or _label(label)
+        t = a if idx is None else events[idx]["attributes"]
+        if key in t:
+            raise _General
+        t[key] = {"c": c}
 
 
 def _stored_attrs(text: Any) -> Any:
@@ -87,6 +146,13 @@ def batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[CompactEntry]:
                 key = (tid, sid)
                 evs = ev_by.get(key) if ev_by else None
                 lks = lk_by.get(key) if lk_by else None
+                events = _fast_events(evs) if evs else []
+                st = pop(_SALTS, None)
+                er = pop(_ERASED, None)
+                v = LEAF_V1
+                if st is not None or er is not None:
+                    _commit(a, events, st, er)
+                    v = LEAF_VERSION
                 # Column values as read (ints from an integer column): another type gives other
                 # bytes, the hash check fails and the general path converts.
                 leaf = _dumps({
@@ -95,7 +161,7 @@ def batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[CompactEntry]:
                     "dropped_events_count": de or 0,
                     "dropped_links_count": dl or 0,
                     "end_time_unix_nano": str(end),
-                    "events": _fast_events(evs) if evs else [],
+                    "events": events,
                     "kind": kind,
                     "links": _fast_links(lks) if lks else [],
                     "name": name,
@@ -105,13 +171,14 @@ def batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[CompactEntry]:
                     "status": {"code": sc or 0, "message": sm or ""},
                     "trace_id": tid,
                     "trace_state": ts or "",
-                    "v": LEAF_VERSION,
+                    "v": v,
                 }, option=_SORTED)
                 lh = leaf_hash(leaf)
                 if link_from_leaf_hash(prev, lh) == hsh:
                     # one shared object per repeated value keeps the pickled result small
                     cid = interned.setdefault(cid, cid)
-                    append((cid, ep, seq, prev, hsh, hsh, lh, sid, tid, None))
+                    append((cid, ep, seq, prev, hsh, hsh, lh, sid, tid, None,
+                            _loads(er["s"]) if er is not None else None))
                     continue
         except Exception:  # noqa: BLE001, S110 - anything odd: the general path below decides
             pass

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from otel_agenttape import semconv
-from otel_agenttape.integrity.leaf import leaf_bytes, project_row
+from otel_agenttape.integrity.leaf import CommitmentError, leaf_bytes, parse_erased, project_row
 from otel_agenttape.integrity.verify import Entry
 
 SPAN_COLS = (
@@ -75,17 +75,18 @@ def _batch_rows(rb: Any, ev_by: dict, lk_by: dict) -> Iterator[dict[str, Any]]:
 
 
 # A compact entry as a plain tuple (cheap to send back from a worker process):
-# (chain_id, epoch, seq, prev, hash, computed_hash, merkle_leaf, span_id, trace_id, problem)
+# (chain_id, epoch, seq, prev, hash, computed_hash, merkle_leaf, span_id, trace_id, problem, erased)
 CompactEntry = tuple
 
 
 def from_compact(t: CompactEntry) -> tuple[str, int, Entry]:
-    return t[0], t[1], Entry(t[2], t[3], t[4], None, t[7], t[8], t[9], t[5], t[6])
+    return t[0], t[1], Entry(t[2], t[3], t[4], None, t[7], t[8], t[9], t[5], t[6], t[10])
 
 
 def to_compact(chain_id: str, epoch: int, e: Entry) -> CompactEntry:
     e.compact()
-    return (chain_id, epoch, e.seq, e.prev, e.hash, e.computed_hash, e.merkle_leaf, e.span_id, e.trace_id, e.problem)
+    return (chain_id, epoch, e.seq, e.prev, e.hash, e.computed_hash, e.merkle_leaf, e.span_id, e.trace_id, e.problem,
+            e.erased)
 
 
 def load_rows(reader: Any, where: str = "chain_id IS NOT NULL", params: Sequence[Any] = ()) -> list[dict[str, Any]]:
@@ -139,8 +140,21 @@ def row_entry(row: dict[str, Any]) -> tuple[str, int, Entry]:
         problem = "chain columns differ from the span's chain attributes"
     try:
         leaf: bytes | None = row_leaf(row)
+    except CommitmentError as exc:  # salts or erased commitments that do not fit the stored values
+        leaf, problem = None, f"commitments do not fit the span ({exc})"
     except Exception as exc:  # a row the projection cannot read is itself evidence of tampering
         leaf, problem = None, f"content unreadable ({type(exc).__name__})"
     entry = Entry(seq, prev if isinstance(prev, str) else None, hsh if isinstance(hsh, str) else None, leaf,
-                  row["span_id"], row["trace_id"], problem)
+                  row["span_id"], row["trace_id"], problem, erased=_erased_map(attrs))
     return str(chain_id), int(epoch), entry
+
+
+def _erased_map(attrs: dict[str, Any]) -> dict[str, str] | None:
+    """The span's erased values (leaf v2), when its map is readable (else the leaf says what is wrong)."""
+    t = attrs.get(semconv.CHAIN_ERASED)
+    if t is None:
+        return None
+    try:
+        return parse_erased(typed_scalar(t))
+    except CommitmentError:
+        return None

@@ -20,11 +20,15 @@ import orjson
 
 from otel_agenttape import semconv
 from otel_agenttape.integrity.checkpoint import parse_origin, read_checkpoint_file
+from otel_agenttape.integrity.erasure import CheckedRecord, check_erased, check_record
 from otel_agenttape.integrity.note import Verifier
 from otel_agenttape.integrity.verify import (
+    TAMPER,
     ChainReport,
     Entry,
+    Issue,
     SignedCheckpoint,
+    add_issues,
     assign_checkpoints,
     parse_notes,
     verify_chain,
@@ -57,6 +61,20 @@ def store_notes(reader: Any) -> list[tuple[str, str]]:
     return out
 
 
+def store_erasures(reader: Any, verifiers: Sequence[Verifier] = ()) -> list[CheckedRecord]:
+    """The erasure records in the store (``agenttape.erasure`` spans), each with its note checked."""
+    t = reader.query("SELECT attributes FROM spans WHERE name = ?", [semconv.EVENT_ERASURE])
+    out = []
+    for attrs in t.column(0).to_pylist():
+        a = orjson.loads(attrs) if attrs else {}
+        rec, note, vkey = (typed_scalar(a.get(k)) for k in (semconv.ERASURE_RECORD, semconv.ERASURE_NOTE,
+                                                            semconv.ERASURE_KEY))
+        if not isinstance(rec, str) or not isinstance(note, str):
+            continue
+        out.append(check_record(rec, note, vkey if isinstance(vkey, str) else None, verifiers))
+    return out
+
+
 def file_notes(paths: Iterable[str | os.PathLike[str]]) -> list[tuple[str, str]]:
     return [(rec["note"], str(p)) for p in paths for rec in read_checkpoint_file(p)]
 
@@ -67,6 +85,7 @@ def verify_rows(
     key_pinned: bool = False,
     expect: Iterable[tuple[str, int]] = (),
     retained: dict[tuple[str, int], list[tuple[int, int, str]]] | None = None,
+    erasures: Sequence[CheckedRecord] = (),
 ) -> list[ChainReport]:
     """Group sealed rows by tape, epoch and trace and verify each group (``expect``: tapes that must exist).
 
@@ -74,13 +93,19 @@ def verify_rows(
     several processes sealed it without a shared checkpoint file (a run id reused to resume, with no
     ``AGENTTAPE_CHECKPOINTS``): each trace's chain is verified on its own, with the checkpoints that
     name its entries (``assign_checkpoints``), and its report carries the trace id.
+
+    Values erased from leaf v2 spans must be named by one of ``erasures`` that counts (valid, and
+    signed by a pinned key when keys are pinned): otherwise each is a finding at its span's seq.
     """
     groups: dict[tuple[str, int], dict[str, list[Entry]]] = defaultdict(lambda: defaultdict(list))
+    erased: list[tuple[str, int, int, str, str, dict[str, str]]] = []
     for row in rows:
         if isinstance(row, tuple):  # already an entry (iter_entries)
             chain_id, epoch, entry = row
         else:
             chain_id, epoch, entry = row_entry(row)
+        if entry.erased:
+            erased.append((chain_id, epoch, entry.seq, entry.trace_id, entry.span_id, entry.erased))
         groups[(chain_id, epoch)][entry.trace_id].append(entry.compact())
     for key in expect:
         groups.setdefault(key, defaultdict(list))
@@ -97,7 +122,22 @@ def verify_rows(
             report.trace_id = tid
             reports.append(report)
     reports.sort(key=lambda r: (r.chain_id, r.epoch, r.trace_id or ""))
+    if erased or erasures:
+        _apply_erasures(reports, erased, erasures)
     return reports
+
+
+def _apply_erasures(reports: list[ChainReport], erased: list, erasures: Sequence[CheckedRecord]) -> None:
+    findings, summaries = check_erased(erased, erasures)
+    by_chain: dict[tuple[str, int], list[Issue]] = defaultdict(list)
+    for f in findings:
+        by_chain[(f.chain_id, f.epoch)].append(Issue(f.seq, TAMPER, f.reason))
+    for r in reports:
+        s = summaries.get((r.chain_id, r.epoch))
+        if s is not None:
+            r.erased_spans, r.erased_values = s.spans, s.values
+            r.erasures = [{"id": k, "date": v} for k, v in sorted(s.records.items())]
+        add_issues(r, by_chain.get((r.chain_id, r.epoch), ()))
 
 
 def verify_store(
@@ -125,7 +165,8 @@ def verify_store(
     lakes = getattr(reader, "lakes", None)  # a lake reader: what its recorded retention removed
     retained = lakes.retained_ranges() if lakes is not None else None
     with _gc_paused():  # a million acyclic entries: collections would only re-scan them
-        return verify_rows(rows, checkpoints, key_pinned=bool(verifiers), expect=expect, retained=retained)
+        return verify_rows(rows, checkpoints, key_pinned=bool(verifiers), expect=expect, retained=retained,
+                           erasures=store_erasures(reader, verifiers))
 
 
 @contextlib.contextmanager

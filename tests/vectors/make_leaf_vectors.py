@@ -3,7 +3,8 @@
 Each vector is one span sealed by ``SealingSpanProcessor`` as the first entry of its own tape, then
 exported as OTLP (protobuf, shown as OTLP/JSON with hex ids) and turned into store rows by the
 receiver's decoder and the store's row conversion. The file records the span in both forms, its
-canonical leaf, the leaf's SHA-256 and Merkle leaf hash, and the chain fields of seq 0. Spans are built
+canonical leaf (v1, or v2 for the ``v2_*`` vectors, whose content values are salted commitments made
+with fixed salts), the leaf's SHA-256 and Merkle leaf hash, and the chain fields of seq 0. Spans are built
 as ``ReadableSpan`` objects so that values the SDK's attribute checks refuse (maps, mixed arrays)
 can be covered; ids, times and the resource are fixed, so the output is reproducible.
 ``--check`` compares instead of writing.
@@ -75,6 +76,19 @@ VECTORS: dict[str, tuple[int, dict[str, Any]]] = {
         "nfd": "e\u0301", "ctl": "tab\tnl\n\x00\x1f\"\\/",
     }),
 }
+# leaf v2: content values (semconv.CONTENT_KEYS) enter the leaf as salted commitments; the salts are
+# fixed here (sha256 of the vector name and a counter) so that the vectors are reproducible
+V2_VECTORS: dict[str, tuple[int, dict[str, Any]]] = {
+    "v2_content": (0x2F1E8C3B7A6D5E40, {
+        semconv.GEN_AI_INPUT_MESSAGES: '[{"role":"user","parts":[{"type":"text","content":"my card is 4111"}]}]',
+        semconv.GEN_AI_OUTPUT_MESSAGES: '[{"role":"assistant","parts":[{"type":"text","content":"noted \u00e9"}]}]',
+        semconv.GEN_AI_REQUEST_MODEL: "gpt-4o-mini", "gen_ai.usage.input_tokens": 12,
+    }),
+    "v2_tool": (0x6C5B4A3928171605, {
+        semconv.GEN_AI_TOOL_CALL_ARGUMENTS: '{"q":"caf\u00e9 near me"}', semconv.GEN_AI_TOOL_CALL_RESULT: ("a", "b"),
+        semconv.GEN_AI_TOOL_NAME: "search",
+    }),
+}
 SPAN_COLS = (
     "trace_id", "span_id", "parent_span_id", "trace_state", "name", "kind", "start_time_unix_nano",
     "end_time_unix_nano", "status_code", "status_message", "attributes", "dropped_attributes_count",
@@ -87,11 +101,14 @@ LINK_COLS = ("trace_id", "span_id", "link_index", "linked_trace_id", "linked_spa
 
 
 def _span(name: str, span_id: int, attrs: dict[str, Any]) -> ReadableSpan:
+    event = {semconv.EVENT_SEQ: 0, "text": "h\u00e9"}
+    if name in V2_VECTORS:  # a streamed segment: content of an event
+        event = {semconv.EVENT_SEQ: 0, semconv.EVENT_SEGMENT: "h\u00e9"}
     ctx = SpanContext(TRACE_ID, span_id, False, TraceFlags(TraceFlags.SAMPLED), PARENT.trace_state)
     return ReadableSpan(
         name=f"vector {name}", context=ctx, parent=PARENT, resource=RESOURCE,
         attributes={semconv.RUN_ID: f"vec-{name}", **attrs},
-        events=(Event(semconv.EVENT_TEXT, {semconv.EVENT_SEQ: 0, "text": "h\u00e9"}, START + 1),),
+        events=(Event(semconv.EVENT_TEXT, event, START + 1),),
         links=(Link(PARENT, {"link.attr": 1}),), kind=SpanKind.CLIENT,
         status=Status(StatusCode.ERROR, "failed \u00e9"), start_time=START, end_time=END,
         instrumentation_scope=SCOPE,
@@ -102,11 +119,17 @@ def _rows(table: Any, cols: tuple[str, ...]) -> list[dict[str, Any]]:
     return [{c: r[c] for c in cols} for r in table.to_pylist()]
 
 
+def _fixed_salts(name: str) -> Any:
+    counter = iter(range(1 << 30))
+    return lambda n: hashlib.sha256(f"{name}/{next(counter)}".encode()).digest()[:n]
+
+
 def vector(name: str) -> dict[str, Any]:
-    span_id, attrs = VECTORS[name]
+    span_id, attrs = {**VECTORS, **V2_VECTORS}[name]
     exporter = InMemorySpanExporter()
     sealer = SealingSpanProcessor(SimpleSpanProcessor(exporter), signing_key=Signer.generate("vectors"),
-                                  export_checkpoints=False)
+                                  export_checkpoints=False,
+                                  salt_source=_fixed_salts(name) if name in V2_VECTORS else None)
     span = _span(name, span_id, attrs)
     sealer.on_start(span)
     sealer.on_end(span)
@@ -120,8 +143,11 @@ def vector(name: str) -> dict[str, Any]:
     row["events"] = _rows(tables.span_events, EVENT_COLS)
     row["links"] = _rows(tables.span_links, LINK_COLS)
     a = sealed.attributes
+    if (semconv.CHAIN_SALTS in a) != (name in V2_VECTORS):
+        raise SystemExit(f"{name}: expected a leaf v{2 if name in V2_VECTORS else 1}")
     return {
-        "description": f"{name}: a sealed span built with the OpenTelemetry Python SDK 1.45",
+        "description": f"{name}: a sealed span built with the OpenTelemetry Python SDK 1.45"
+                       + (" (leaf v2: content values as salted commitments)" if name in V2_VECTORS else ""),
         "otlp_json": doc,
         "row": row,
         "leaf": leaf.decode("utf-8"),
@@ -137,7 +163,7 @@ def vector(name: str) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     stale = []
-    for name in VECTORS:
+    for name in [*VECTORS, *V2_VECTORS]:
         data = orjson.dumps(vector(name), option=orjson.OPT_INDENT_2) + b"\n"
         path = HERE / "leaf" / f"{name}.json"
         if check:

@@ -345,6 +345,27 @@ class Tapes:
         reports = verify_store(self.reader, run=tape_id, verifiers=keys, checkpoint_files=checkpoint_files)
         return [r.to_json() for r in reports]
 
+    def erase(self, *, session: str | None = None, run: str | None = None, trace: str | None = None,
+              before: Any = None, reason: str, signing_key: Any = None, by: str | None = None,
+              dry_run: bool = False) -> dict[str, Any]:
+        """Erase the content of a session's, run's or trace's spans, or of spans started ``before`` a time,
+        from this DuckDB store (``agenttape erase``): values and salts removed, the tapes still verify, a
+        signed erasure record written, the file rewritten so no copy remains. Returns the counts
+        (``dry_run``: what would be erased, nothing changed)."""
+        from ...store.reader import open_duckdb
+        from ..erase import erase_file, selection, signer_from, store_path
+
+        path = store_path(self.reader)
+        where, params, selector = selection(self.reader, session=session, run=run, trace=trace, before=before)
+        signer = signer_from(signing_key)
+        self.reader.close()  # a read-only and a read-write connection cannot share a file in one process
+        try:
+            result = erase_file(path, where, params, selector, reason=reason, signer=signer, by=by, dry_run=dry_run)
+        finally:
+            self.reader = open_duckdb(path)
+            self._memo, self._memo_version = {}, None
+        return result.to_json()
+
     def resume_index(self, ref: str, **kwargs: Any) -> Any:
         """The run's ``ResumeIndex``: a bare run id reads every trace of that run id (a resumed run goes on
         in a new trace), ``RUN_ID@TRACE_ID`` only that trace."""

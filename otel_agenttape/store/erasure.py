@@ -1,0 +1,242 @@
+"""Erasure in a DuckDB store file: content values and their salts removed, the record written, the file rewritten.
+
+``erase_duckdb`` takes a ``spans`` filter (``tape/erase.py`` builds it from a session, run, trace or
+time), erases every salted content value of the selected leaf v2 spans and of their events
+(``integrity.erasure.erase_span``: the value and its salt go, the commitment stays, so the tapes still
+verify), and writes one erasure record, sealed and signed, as an ``agenttape.erasure`` span. Content of
+unsealed spans (no chain, nothing to prove) is removed outright; sealed v1 spans commit to their
+content itself, so erasing it would break their tape: they are left and counted.
+
+DuckDB neither zeroes the blocks an update frees nor rewrites a block it does not change, so the store
+is not updated in place: its schema and live rows are copied into a new file with the changes applied
+(one pass, the old file only read), which is checkpointed and renamed over the old one. No copy of an
+erased value is left in the file, its WAL or its free blocks, and an interrupted erasure leaves the
+old file as it was. The file must not be open in another process (a running receiver holds it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import duckdb
+import orjson
+import pyarrow as pa
+
+from otel_agenttape import semconv
+from otel_agenttape.integrity.erasure import build_record, erase_span, sign_record
+from otel_agenttape.integrity.leaf import CommitmentError
+from otel_agenttape.integrity.note import Signer
+from otel_agenttape.store.readers import StoreError, StoreOpenError, is_lock_error, open_error_message
+
+_CONTENT = semconv.CONTENT_KEYS
+
+
+@dataclass
+class EraseResult:
+    """What an erasure did (or, with ``dry_run``, would do)."""
+
+    erasure_id: str | None
+    dry_run: bool
+    spans: int = 0  # sealed spans with values erased
+    values: int = 0
+    unsealed_spans: int = 0  # spans without a chain whose content was removed outright
+    unsealed_values: int = 0
+    skipped_v1_spans: int = 0  # sealed v1 spans holding content: not erasable without breaking the tape
+    selected_spans: int = 0
+    keys: list[str] = field(default_factory=list)  # the attribute keys erased
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _connect(path: str) -> duckdb.DuckDBPyConnection:
+    if not os.path.exists(path):
+        raise StoreError(f"no tape store at {path}")
+    try:
+        return duckdb.connect(path, read_only=True)  # the new file is written beside it (``rewrite``)
+    except duckdb.Error as exc:
+        if is_lock_error(exc):
+            raise StoreOpenError(f"{path} is open in another process (a running receiver?): stop it, then erase") from exc
+        raise StoreOpenError(open_error_message(path, exc)) from exc
+
+
+def _loads(text: Any) -> dict[str, Any]:
+    return orjson.loads(text) if isinstance(text, (str, bytes)) and text else {}
+
+
+def erase_duckdb(path: str | os.PathLike[str], where: str, params: Sequence[Any], *, reason: str, by: str,
+                 selector: Mapping[str, Any], signer: Signer, dry_run: bool = False) -> EraseResult:
+    """Erase the content of the spans ``where`` selects (a condition on ``spans``) in a DuckDB file."""
+    t0 = time.perf_counter()
+    path = os.fspath(path)
+    if not reason or not reason.strip():
+        raise ValueError("an erasure needs a reason (--reason)")
+    con = _connect(path)
+    try:
+        spans = con.execute(
+            f"SELECT trace_id, span_id, attributes, chain_id, chain_epoch, chain_seq FROM spans WHERE ({where}) "
+            f"AND name <> ?", [*params, semconv.EVENT_ERASURE]).fetchall()
+        result = EraseResult(None, dry_run, selected_spans=len(spans))
+        if not spans:
+            result.seconds = time.perf_counter() - t0
+            return result
+        keys_tbl = pa.table({"trace_id": [s[0] for s in spans], "span_id": [s[1] for s in spans]})
+        con.register("erase_keys", keys_tbl)
+        events: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
+        for tid, sid, idx, attrs in con.execute(
+                "SELECT e.trace_id, e.span_id, e.event_index, e.attributes FROM span_events e SEMI JOIN erase_keys k "
+                "ON e.trace_id = k.trace_id AND e.span_id = k.span_id ORDER BY e.trace_id, e.span_id, e.event_index"
+        ).fetchall():
+            events.setdefault((tid, sid), []).append((idx, _loads(attrs)))
+        con.unregister("erase_keys")
+        span_updates: list[tuple[str, str, str]] = []
+        event_updates: list[tuple[str, str, int, str]] = []
+        record_spans: list[dict[str, Any]] = []
+        erased_keys: set[str] = set()
+        for tid, sid, text, chain_id, epoch, seq in spans:
+            attrs = _loads(text)
+            evs = events.get((tid, sid), [])
+            if semconv.CHAIN_SALTS in attrs:
+                try:
+                    done = erase_span(attrs, [a for _, a in evs])
+                except CommitmentError:
+                    continue  # salts that do not fit: the span does not verify; verify says why
+                if not done.erased:
+                    continue
+                result.spans += 1
+                result.values += len(done.erased)
+                erased_keys.update(label.rsplit(":", 1)[-1] if label.startswith("event:") else label
+                                   for label in done.erased)
+                span_updates.append((tid, sid, orjson.dumps(done.attributes).decode()))
+                for i in done.changed_events:
+                    event_updates.append((tid, sid, evs[i][0], orjson.dumps(done.events[i]).decode()))
+                record_spans.append({"trace_id": tid, "span_id": sid, "chain_id": chain_id, "epoch": int(epoch or 0),
+                                     "seq": int(seq if seq is not None else -1), "erased": done.erased})
+                continue
+            held = [k for k in attrs if k in _CONTENT]
+            held_ev = [(idx, [k for k in a if k in _CONTENT]) for idx, a in evs]
+            if not held and not any(ks for _, ks in held_ev):
+                continue
+            if chain_id is not None:
+                result.skipped_v1_spans += 1
+                continue
+            result.unsealed_spans += 1
+            result.unsealed_values += len(held) + sum(len(ks) for _, ks in held_ev)
+            erased_keys.update(held)
+            if held:
+                span_updates.append((tid, sid, orjson.dumps({k: v for k, v in attrs.items() if k not in _CONTENT}).decode()))
+            for (idx, a), (_, ks) in zip(evs, held_ev):
+                if ks:
+                    erased_keys.update(ks)
+                    event_updates.append((tid, sid, idx, orjson.dumps({k: v for k, v in a.items() if k not in _CONTENT}).decode()))
+        result.keys = sorted(erased_keys)
+        if dry_run or not (span_updates or event_updates):
+            result.seconds = time.perf_counter() - t0
+            return result
+        now = time.time_ns()
+        record = build_record(record_spans, reason=reason, by=by, selector=selector, time_unix_nano=now)
+        result.erasure_id = record["id"]
+        note = sign_record(record, signer)
+    finally:
+        con.close()
+    rewrite(path, span_updates, event_updates, _record_row(record, note, signer, now))
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _record_row(record: dict[str, Any], note: str, signer: Signer, now: int) -> list[Any]:
+    """The record as an ``agenttape.erasure`` span of its own trace (read back by ``verify``)."""
+    attrs = {
+        semconv.ERASURE_ID: {"s": record["id"]},
+        semconv.ERASURE_KEY: {"s": signer.verifier().vkey()},
+        semconv.ERASURE_NOTE: {"s": note},
+        semconv.ERASURE_RECORD: {"s": orjson.dumps(record).decode()},
+    }
+    return [os.urandom(16).hex(), os.urandom(8).hex(), semconv.EVENT_ERASURE, now, now,
+            orjson.dumps(attrs, option=orjson.OPT_SORT_KEYS).decode(), semconv.SCOPE_INTEGRITY, now]
+
+
+_RECORD_INSERT = (
+    "INSERT INTO erase_dst.main.spans (trace_id, span_id, name, kind, start_time_unix_nano, end_time_unix_nano, "
+    "duration_ms, status_code, attributes, dropped_attributes_count, dropped_events_count, dropped_links_count, "
+    "scope_name, date) VALUES (?, ?, ?, 1, ?, ?, 0, 0, ?, 0, 0, 0, ?, CAST(make_timestamp(? // 1000) AS DATE))")
+
+
+def rewrite(path: str, span_updates: Sequence[tuple] = (), event_updates: Sequence[tuple] = (),
+            record_row: Sequence[Any] | None = None) -> None:
+    """Write a new DuckDB file from the live rows of ``path`` with the updates applied (``span_updates``:
+    ``(trace_id, span_id, attributes)``, ``event_updates``: ``(trace_id, span_id, event_index,
+    attributes)``) and the record row added, checkpoint it and rename it over ``path``.
+
+    The old file is only read, so an interrupted erasure leaves it as it was; the new one holds no
+    freed block and no WAL, so no earlier version of a changed value survives in it."""
+    tmp = path + ".erasing"
+    for stale in (tmp, tmp + ".wal"):
+        if os.path.exists(stale):
+            os.remove(stale)
+    # rows keep their order, so their rowids: the lake publisher reads the store by rowid ranges
+    con = duckdb.connect()
+    try:
+        con.execute(f"ATTACH {_literal(path)} AS erase_src (READ_ONLY)")
+        con.execute(f"ATTACH {_literal(tmp)} AS erase_dst")
+        con.execute("COPY FROM DATABASE erase_src TO erase_dst (SCHEMA)")
+        tables = [r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'erase_src' AND schema_name = 'main'"
+        ).fetchall()]
+        if span_updates:
+            con.register("erase_spans", pa.table({
+                "trace_id": [u[0] for u in span_updates], "span_id": [u[1] for u in span_updates],
+                "attributes": [u[2] for u in span_updates]}))
+        if event_updates:
+            con.register("erase_events", pa.table({
+                "trace_id": [u[0] for u in event_updates], "span_id": [u[1] for u in event_updates],
+                "event_index": pa.array([u[2] for u in event_updates], pa.int32()),
+                "attributes": [u[3] for u in event_updates]}))
+        for t in tables:
+            q = _quote(t)
+            if t == "spans" and span_updates:
+                con.execute(f"INSERT INTO erase_dst.main.{q} SELECT s.* REPLACE (coalesce(u.attributes, "
+                            f"s.attributes) AS attributes) FROM erase_src.main.{q} s LEFT JOIN erase_spans u "
+                            "ON s.trace_id = u.trace_id AND s.span_id = u.span_id")
+            elif t == "span_events" and event_updates:
+                con.execute(f"INSERT INTO erase_dst.main.{q} SELECT s.* REPLACE (coalesce(u.attributes, "
+                            f"s.attributes) AS attributes) FROM erase_src.main.{q} s LEFT JOIN erase_events u "
+                            "ON s.trace_id = u.trace_id AND s.span_id = u.span_id AND s.event_index = u.event_index")
+            else:
+                con.execute(f"INSERT INTO erase_dst.main.{q} SELECT * FROM erase_src.main.{q}")
+        if record_row is not None:
+            con.execute(_RECORD_INSERT, list(record_row))
+        con.execute("CHECKPOINT erase_dst")
+        con.execute("DETACH erase_dst")
+        con.execute("DETACH erase_src")
+    except BaseException:
+        con.close()
+        for stale in (tmp, tmp + ".wal"):
+            if os.path.exists(stale):
+                os.remove(stale)
+        raise
+    con.close()
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    wal = path + ".wal"
+    if os.path.exists(wal):
+        os.remove(wal)
+    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"

@@ -1,0 +1,86 @@
+"""``Tapes.erase``: which spans a session, run, trace or time names, erased in the DuckDB store.
+
+The selection is a condition on ``spans``: ``session`` (every run that carries the session id, with all
+its spans), ``run`` (a ref: the run's spans in its trace), ``trace`` (a trace id), ``before`` (spans
+that started before a time). ``store/erasure.py`` does the erasing; ``integrity/erasure.py`` holds the
+rule and the record.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+from typing import Any
+
+from ..integrity.note import Signer
+from ..store.erasure import EraseResult, erase_duckdb
+from ..store.readers import StoreError
+from .load import Reader
+from .read.filters import as_ns
+from .refs import resolve
+
+
+def selection(reader: Reader, *, session: str | None = None, run: str | None = None, trace: str | None = None,
+              before: Any = None) -> tuple[str, list[Any], dict[str, Any]]:
+    """``(spans condition, params, selector for the record)``; exactly one selector must be given."""
+    given = {k: v for k, v in (("session", session), ("run", run), ("trace", trace), ("before", before))
+             if v not in (None, "")}
+    if len(given) != 1:
+        raise ValueError("name exactly one of session, run, trace or before")
+    (what, value), = given.items()
+    if what == "session":
+        return ("(session_id = ? OR run_id IN (SELECT DISTINCT run_id FROM spans WHERE session_id = ? "
+                "AND run_id IS NOT NULL))", [value, value], {"session": value})
+    if what == "run":
+        target = resolve(reader, str(value))
+        if target.key is None:
+            return "trace_id = ?", [target.trace_id], {"run": target.ref}
+        return "run_id = ? AND trace_id = ?", [target.key, target.trace_id], {"run": target.ref}
+    if what == "trace":
+        return "trace_id = ?", [str(value).lower()], {"trace": str(value).lower()}
+    ns = as_ns(value, "before")
+    return "start_time_unix_nano < ?", [ns], {"before_unix_nano": str(ns)}
+
+
+def default_by() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def signer_from(key: Signer | str | os.PathLike[str] | None) -> Signer:
+    """The key that signs the record: a ``Signer``, a ``PRIVATE+KEY+...`` text or a file holding one,
+    else ``$AGENTTAPE_SIGNING_KEY``, else a new ephemeral key (the record then proves structure, not
+    authority, as a checkpoint signed by an ephemeral key)."""
+    if key is None:
+        key = os.environ.get("AGENTTAPE_SIGNING_KEY") or None
+    if key is None:
+        return Signer.generate("agenttape.ephemeral")
+    if isinstance(key, Signer):
+        return key
+    text = str(key)
+    if not text.startswith("PRIVATE+KEY+"):
+        with open(text, encoding="utf-8") as fh:
+            text = fh.read().strip()
+    return Signer.parse(text)
+
+
+def store_path(reader: Reader) -> str:
+    """The DuckDB file a reader reads; erasure works on nothing else."""
+    path = str(getattr(reader, "description", "") or "")
+    if getattr(reader, "kind", None) == "server" and " via " in path:
+        raise StoreError(f"{path.split(' via ')[0]} is held by a running receiver ({path.split(' via ')[1]}): "
+                         "erasing while it ingests is not supported yet; stop it, then erase")
+    if getattr(reader, "kind", None) != "duckdb" or not os.path.isfile(path):
+        raise StoreError("erasure works on a DuckDB store file (a lake or export is rewritten from it: "
+                         "erase the store, then export or publish again)")
+    return path
+
+
+def erase_file(path: str, where: str, params: list[Any], selector: dict[str, Any], *, reason: str,
+               signer: Signer, by: str | None = None, dry_run: bool = False) -> EraseResult:
+    return erase_duckdb(path, where, params, reason=reason, by=by or default_by(), selector=selector,
+                        signer=signer, dry_run=dry_run)
