@@ -320,9 +320,11 @@ def experiment_detail(tapes: Any, name: str, *, baseline: str = "original",
 
     scored = latest_by_ref(tapes.reader, sorted(refs)) if refs else {}
     for pair, row in zip(cmp.pairs, out["runs"]):
+        row["_order"] = (pair.of, pair.baseline.start_ns if pair.baseline is not None else 0, pair.node)
         row["baseline"]["input"] = _prompt(pair.baseline)
         row["candidate"]["input"] = _prompt(pair.candidate)
         row["original_scores"] = scored.get(pair.of, {})
         row["baseline_scores"] = scored.get(pair.baseline_ref or "", {})
         row["candidate_scores"] = scored.get(pair.candidate_ref or "", {})
+    out["runs"].sort(key=lambda r: r.pop("_order"))  # each original run's nodes in the order they ran
     return out

@@ -25,7 +25,8 @@ export async function experimentsView(view) {
       h("td", { class: "name" }, h("a", { href: `#/experiment/${enc(e.name)}` }, e.name)),
       h("td", {}, e.kind),
       h("td", {}, (e.models || []).join(", ")),
-      h("td", { class: "num" }, fmtInt(s.runs), h("span", { class: "muted" }, ` of ${fmtInt(e.originals)} runs`)),
+      h("td", { class: "num", data: { col: "runs" } }, e.kind === "program" ? `${fmtInt(s.runs)} runs`
+        : [`${fmtInt(s.runs)} nodes`, h("span", { class: "muted" }, ` of ${fmtInt(e.originals)} run${e.originals === 1 ? "" : "s"}`)]),
       h("td", { class: `num ${s.errors ? "errors" : ""}`, data: { col: "errors" } }, fmtInt(s.errors)),
       h("td", { class: "num", data: { col: "changed" } }, `${fmtInt(s.answer_changed)}`,
         h("span", { class: "muted" }, ` (${fmtInt(s.answer_changed_normalised)} normalised)`)),
@@ -41,7 +42,7 @@ export async function experimentsView(view) {
     h("div", { class: "bar" }, h("h1", {}, "Experiments"),
       h("span", { class: "muted" }, `${data.experiments.length} experiment${data.experiments.length === 1 ? "" : "s"}`)),
     h("table", { class: "runs experiments", id: "experiments" },
-      h("thead", {}, h("tr", {}, ["experiment", "kind", "candidate", "runs", "errors", "answer changed",
+      h("thead", {}, h("tr", {}, ["experiment", "kind", "candidate", "answers", "errors", "answer changed",
         "tool agreement", "tokens in / out", "cost", "latency (mean)", "last run"].map((c) => h("th", {}, c)))),
       h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { class: "empty muted", colspan: 11 },
         "No experiments in this store (agenttape experiment run NAME --model M)")))),
@@ -49,9 +50,10 @@ export async function experimentsView(view) {
       h("span", { class: "cand" }, "the candidate"), " below; cost unknown when a model has no price."));
 }
 
-// Words and the spaces between them; the longest common subsequence keeps what both answers share.
+// Words, each with the spaces after it (so shared spaces alone never split a change in pieces); the
+// longest common subsequence keeps what both answers share.
 function words(text) {
-  return String(text || "").split(/(\s+)/).filter((t) => t !== "");
+  return String(text || "").match(/^\s+|\S+\s*/g) || [];
 }
 
 export function wordDiff(a, b) {
@@ -124,11 +126,12 @@ function verdict(p) {
 }
 
 function pairView(p, i, evals) {
-  const d = wordDiff(p.baseline.answer, p.candidate.answer);
+  // a failed call has no answer to compare: the original is shown as it is
+  const d = p.error ? { a: [{ t: String(p.baseline.answer || ""), op: "=" }], b: [] } : wordDiff(p.baseline.answer, p.candidate.answer);
   const base = {}, cand = {};
   for (const [name, v] of Object.entries(p.scores || {})) { base[name] = v.baseline; cand[name] = v.candidate; }
   const state = p.error ? "error" : p.same_exact ? "same" : "changed";
-  return h("section", { class: `pair ${state}`, data: { of: p.of, node: p.node, state } },
+  return h("section", { class: `pair is-${state}`, data: { of: p.of, node: p.node, state } },
     h("div", { class: "pair-head" }, h("strong", {}, `#${i + 1}`), " ", verdict(p), " ",
       p.tools_agree === false ? h("span", { class: "badge st-error", data: { tools: "disagree" } }, "tool calls differ") : null,
       h("span", { class: "muted" }, " original run "),
@@ -150,11 +153,12 @@ export async function experimentView(view, name, params) {
   const filterLink = (value, label) => h("a", { href: `#/experiment/${enc(name)}${value ? `?only=${value}` : ""}`,
     class: only === value ? "active" : "" }, label);
   put(view,
-    h("div", { class: "bar" }, h("h1", {}, "Experiment "), h("code", { id: "experiment-name" }, name),
+    h("div", { class: "bar" }, h("h1", {}, "Experiment ", h("code", { id: "experiment-name" }, name)),
       h("span", { class: "muted" }, `${e.kind || ""} · ${(e.models || []).join(", ")} · against ${data.baseline}`),
       h("a", { href: "#/experiments" }, "All experiments")),
     h("dl", { class: "facts", id: "experiment-summary" },
-      h("dt", {}, "runs"), h("dd", { data: { fact: "runs" } }, `${fmtInt(s.runs)} (${fmtInt(s.errors)} errors)`),
+      h("dt", {}, "answers"), h("dd", { data: { fact: "runs" } }, `${fmtInt(s.runs)} ${e.kind === "program" ? "runs" : "nodes"}` +
+        ` of ${fmtInt(e.originals)} original run${e.originals === 1 ? "" : "s"}, ${fmtInt(s.errors)} failed`),
       h("dt", {}, "answer changed"), h("dd", { data: { fact: "changed" } },
         `${fmtInt(s.answer_changed)} exactly, ${fmtInt(s.answer_changed_normalised)} after normalising`),
       h("dt", {}, "tool agreement"), h("dd", { data: { fact: "tools" } }, pct(s.tool_agreement)),
