@@ -5,12 +5,13 @@ Setup: ``--runs`` weather runs (two model calls each: a tool call, then the answ
 capture API into a real receiver (``TapeServer``) on 127.0.0.1, and an OpenAI-compatible chat server in
 its own process that answers after a fixed ``--latency-ms``.
 
-(a) overhead: the model calls of the first ``--nodes`` / 2 runs sent twice at the same concurrency, once by
-    a bare OpenAI client (the same requests, a thread pool, nothing recorded) and once as an experiment
-    (selected from the store, journalled, each answer recorded as a sealed run and exported). The
-    experiment's own cost per node = (experiment wall - bare wall) * concurrency / nodes: the time each
-    worker spends per node beyond the request (the ideal wall time, nodes * latency / concurrency, is
-    printed beside both).
+(a) overhead: ``--nodes`` recorded model calls sent twice at the same concurrency, once by a bare OpenAI
+    client (the same requests, a thread pool, nothing recorded) and once as an experiment (selected from
+    the store, journalled, each answer recorded as a sealed run and exported), its client timing every
+    request. The experiment's own cost per node, in the same run = (time from the first request to the
+    last answer * concurrency - the time spent in requests) / nodes: what a worker does per node beyond
+    waiting for the server. Printed beside it: the fixed cost (opening the store, selecting, the journal,
+    the last flush), the bare client's wall time and the ideal (nodes * latency / concurrency).
 (b) compare: an experiment over every recorded model call (``--runs`` * 2 experiment runs, the server at
     no latency), then ``Tapes.compare`` of it timed: the first call on a fresh reader, and the median of
     ``--repeat``.
@@ -119,6 +120,23 @@ def record_originals(server: TapeServer, runs: int) -> list[str]:
     return refs
 
 
+class TimedClient:
+    """The candidate's OpenAI client, timing each request: what the experiment spends beyond them is its own."""
+
+    def __init__(self, client: object) -> None:
+        self._create = client.chat.completions.create  # type: ignore[attr-defined]
+        self.chat = self
+        self.completions = self
+        self.spans: list[tuple[float, float]] = []
+
+    def create(self, **request: object) -> object:
+        t0 = time.perf_counter()
+        try:
+            return self._create(**request)
+        finally:
+            self.spans.append((t0, time.perf_counter()))
+
+
 def bare(base_url: str, requests: list[dict], concurrency: int) -> float:
     """The same requests through a bare OpenAI client and a thread pool: the floor."""
     from openai import OpenAI
@@ -161,19 +179,32 @@ def main() -> None:
                         for item in select_items(tapes, filters={"agent": "weather"}, limit=some)]
         bare(base_url, requests[:8], args.concurrency)  # warm the client and the server
         bare_s = bare(base_url, requests, args.concurrency)
+        from openai import OpenAI
+
+        timed = TimedClient(OpenAI(base_url=base_url, api_key="bench", max_retries=0))
         cpu0 = time.process_time()
         t0 = time.perf_counter()
-        res = run_experiment(str(db), "bench-overhead", Candidate("cand-bench", base_url=base_url),
-                             filters={"agent": "weather"}, limit=some, endpoint=server.url, journal=folder / "overhead.sqlite", concurrency=args.concurrency)
+        res = run_experiment(str(db), "bench-overhead", Candidate("cand-bench", base_url=base_url, client=timed),
+                             filters={"agent": "weather"}, limit=some, endpoint=server.url,
+                             journal=folder / "overhead.sqlite", concurrency=args.concurrency)
         exp_s = time.perf_counter() - t0
         exp_cpu = time.process_time() - cpu0
         assert server.wait_idle(120)  # stored before the next selection, which leaves experiment runs out
-        assert res.answered == len(requests) and res.failed == 0, res.to_json()
-        ideal = len(requests) * args.latency_ms / args.concurrency / 1000
-        overhead = (exp_s - bare_s) * args.concurrency / len(requests) * 1000
-        print(f"overhead nodes={len(requests)} latency_ms={args.latency_ms} concurrency={args.concurrency} "
+        n = len(requests)
+        assert res.answered == n == len(timed.spans) and res.failed == 0, res.to_json()
+        # from the first request sent to the last answer back, every worker is either waiting for the
+        # server or doing the experiment's own work (recording, sealing, journalling) for a node
+        first, last = min(a for a, _ in timed.spans), max(b for _, b in timed.spans)
+        waiting = sum(b - a for a, b in timed.spans)
+        overhead = ((last - first) * args.concurrency - waiting) / n * 1000
+        fixed = exp_s - (last - first)
+        ideal = n * args.latency_ms / args.concurrency / 1000
+        print(f"overhead nodes={n} latency_ms={args.latency_ms} concurrency={args.concurrency} "
               f"ideal_s={ideal:.3f} bare_s={bare_s:.3f} experiment_s={exp_s:.3f} "
-              f"experiment_over_bare={exp_s / bare_s:.3f} experiment_cpu_ms_per_node={exp_cpu * 1000 / len(requests):.2f}")
+              f"experiment_over_bare={exp_s / bare_s:.3f} request_ms_mean={waiting / n * 1000:.1f} "
+              f"fixed_ms={fixed * 1000:.0f} (open, select, journal, flush) "
+              f"per_node_vs_bare_ms={(exp_s - bare_s) * args.concurrency / n * 1000:.2f} "
+              f"cpu_ms_per_node={exp_cpu * 1000 / n:.2f}")
 
         latency.value = 0.0
         t0 = time.perf_counter()
