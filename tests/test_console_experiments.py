@@ -206,6 +206,9 @@ def test_side_by_side_compare_marks_the_answer_diff_as_text(page, console, shots
     # Oslo's first node: the tool argument changed, said in the pair's head
     oslo_tool = page.locator('#pairs section.pair[data-of^="oslo@"]').filter(has=page.locator('[data-tools="disagree"]'))
     assert oslo_tool.count() == 1 and '"oslo"' in oslo_tool.locator(".side").nth(1).inner_text()
+    assert oslo_tool.locator(".side").nth(0).locator(".call-diff").count() == 1  # "Oslo": not asked by the candidate
+    assert oslo_tool.locator(".side").nth(1).locator(".call-diff").count() == 1
+    assert page.locator("#pairs section.pair.is-same .call-diff").count() == 0
     # hostile markup in a candidate's answer is characters on the page, never an element
     hostile = page.locator("#pairs ins.d-ins").filter(has_text="onerror")
     assert hostile.count() == 1 and "<img src=" in hostile.inner_text()

@@ -101,8 +101,12 @@ function scoreList(evals, stored) {
   return items.length ? h("div", { class: "scores" }, items) : null;
 }
 
-function sideView(label, side, parts, ref, evals, stored, error) {
+const callKey = (c) => JSON.stringify([c.name, c.arguments]);
+
+// ``other``: the other side's tool calls; a call it does not hold is marked as a difference
+function sideView(label, side, parts, ref, evals, stored, error, other) {
   const calls = side.tool_calls || [];
+  const theirs = new Set((other || []).map(callKey));
   return h("div", { class: "side" },
     h("div", { class: "node-head" }, h("strong", {}, label), " ",
       ref && ref.includes("@") ? h("a", { href: `#/run/${enc(ref)}`, class: "mono" }, shortId(ref, 16)) : null,
@@ -113,7 +117,11 @@ function sideView(label, side, parts, ref, evals, stored, error) {
       h("span", { data: { fact: "latency" } }, ms(side.latency_ms))),
     scoreList(evals, stored),
     error ? h("p", { class: "error" }, error) : marked(parts),
-    calls.length ? h("div", { class: "calls" }, calls.map((c) => jsonFold(c.arguments, `→ ${c.name}`, true))) : null,
+    calls.length ? h("div", { class: "calls" }, calls.map((c) => {
+      const fold = jsonFold(c.arguments, `→ ${c.name}`, true);
+      if (!error && other && !theirs.has(callKey(c))) fold.classList.add("call-diff");
+      return fold;
+    })) : null,
     (side.input || []).length ? h("details", { class: "prompt" },
       h("summary", {}, `prompt (${side.input.length} message${side.input.length === 1 ? "" : "s"})`), chat(side.input)) : null);
 }
@@ -139,8 +147,8 @@ function pairView(p, i, evals) {
       p.node ? h("span", { class: "muted mono" }, ` node ${p.node}`) : h("span", { class: "muted" }, " whole run")),
     h("div", { class: "sides" },
       sideView(evals.baseline === "original" ? "original" : `baseline ${evals.baseline}`, p.baseline, d.a,
-        p.baseline_ref || p.of, base, p.baseline_scores || p.original_scores, null),
-      sideView("candidate", p.candidate, d.b, p.candidate_ref, cand, p.candidate_scores, p.error)));
+        p.baseline_ref || p.of, base, p.baseline_scores || p.original_scores, null, p.error ? null : p.candidate.tool_calls),
+      sideView("candidate", p.candidate, d.b, p.candidate_ref, cand, p.candidate_scores, p.error, p.baseline.tool_calls)));
 }
 
 export async function experimentView(view, name, params) {
