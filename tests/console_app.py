@@ -38,8 +38,9 @@ class AgenttapeServe:
     HTTP port; ``token`` gates the exports and the console alike."""
 
     def __init__(self, db: str | Path, token: str | None = None, log: str | Path | None = None,
-                 annotate_token: str | None = None) -> None:
+                 annotate_token: str | None = None, env: dict[str, str] | None = None) -> None:
         self.db, self.token, self.annotate_token = str(db), token, annotate_token
+        self.extra_env = dict(env or {})
         self.log = str(log or f"{db}.serve.log")
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
@@ -51,7 +52,7 @@ class AgenttapeServe:
             cmd += ["--token", self.token]
         if self.annotate_token:
             cmd += ["--annotate-token", self.annotate_token]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTAPE_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTAPE_")} | self.extra_env
         with open(self.log, "w") as err:  # a file, not a pipe nobody reads: the server never blocks on it
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
         line = self.proc.stdout.readline()  # type: ignore[union-attr]

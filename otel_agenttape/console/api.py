@@ -289,3 +289,30 @@ def run_scores(tapes: Any, ref: str) -> dict[str, Any]:
 def info(tapes: Any, token_required: bool, annotate: bool = False) -> dict[str, Any]:
     """``GET /api/info``: what the console reads, and whether it takes annotations."""
     return {"source": getattr(tapes, "description", ""), "token_required": token_required, "annotate": annotate}
+
+
+class NotFound(LookupError):
+    """Nothing by that name; answered 404 with the message."""
+
+
+def experiments(tapes: Any) -> dict[str, Any]:
+    """``GET /api/experiments``: every experiment, newest first, with its summary against the originals
+    (runs, errors, answers changed, tool agreement, tokens, cost, latency)."""
+    return {"experiments": tapes.experiments(summary=True)}
+
+
+def experiment(tapes: Any, name: str, params: Mapping[str, str], evals: list[str]) -> dict[str, Any]:
+    """``GET /api/experiments/{name}[?baseline=OTHER&eval=E]``: the experiment compared pair by pair,
+    original (or the other experiment) and candidate per node."""
+    from otel_agenttape.tape.experiment import ExperimentError
+
+    known = {e["name"] for e in tapes.experiments()}
+    if name not in known:
+        raise NotFound(f"no experiment named {name!r}")
+    baseline = params.get("baseline") or "original"
+    if baseline != "original" and baseline not in known:
+        raise NotFound(f"no experiment named {baseline!r} to compare with")
+    try:
+        return tapes.experiment_detail(name, baseline=baseline, evals=evals)
+    except ExperimentError as exc:
+        raise BadRequest(str(exc)) from None

@@ -120,7 +120,7 @@ def create_app(tapes: Any, token: str | None = None, *, on_shutdown: Callable[[]
             return _error(400, str(exc))
         except AmbiguousRunError as exc:
             return _error(409, str(exc), candidates=list(getattr(exc, "candidates", []) or []))
-        except RunNotFound as exc:
+        except (RunNotFound, api.NotFound) as exc:
             return _error(404, str(exc))
         except (ValueError, KeyError) as exc:
             return _error(400, str(exc))
@@ -162,6 +162,13 @@ def create_app(tapes: Any, token: str | None = None, *, on_shutdown: Callable[[]
 
     async def diff(request: Request) -> Response:
         return await call(api.diff, request.query_params.get("a"), request.query_params.get("b"))
+
+    async def experiments(request: Request) -> Response:
+        return await call(api.experiments)
+
+    async def experiment(request: Request) -> Response:
+        return await call(api.experiment, request.path_params["name"], dict(request.query_params),
+                          request.query_params.getlist("eval"))
 
     async def verify(request: Request) -> Response:
         return await call(api.verify, request.query_params.get("tape"))
@@ -214,6 +221,8 @@ def create_app(tapes: Any, token: str | None = None, *, on_shutdown: Callable[[]
         Route("/api/runs/{ref}/scores", scores, methods=["GET", "POST"]),
         Route("/api/sessions/{session_id}", session),
         Route("/api/diff", diff),
+        Route("/api/experiments", experiments),
+        Route("/api/experiments/{name}", experiment),
         Route("/api/verify", verify),
         Route("/api/{rest:path}", api_missing),
         Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),

@@ -163,9 +163,13 @@ def select_items(tapes: Any, *, refs: Sequence[str] = (), filters: dict[str, Any
         mine = experiment_refs(tapes)
         page = tapes.runs(limit=limit + len(mine), **{k: v for k, v in (filters or {}).items() if v is not None})
         chosen = [r.ref for r in page.runs if r.ref not in mine][:limit]
+    from .rebuild import iter_runs
+
+    full = [r if "@" in r else tapes.locate(r) for r in chosen]
+    built = {run.ref: run for run in iter_runs(tapes.reader, full)}  # traces loaded in batches, not one by one
     items: list[Item] = []
-    for ref in chosen:
-        run = tapes.rebuild(ref)
+    for ref in full:
+        run = built.get(ref) or tapes.rebuild(ref)  # not in the batch: rebuild says why (RunNotFound)
         for node in run.model_nodes:
             if node.prompt:
                 items.append(Item(run.ref, node.span_id, run.agent, node_request(node)))

@@ -289,3 +289,42 @@ def check_gates(summary: dict[str, Any], gates: Sequence[str]) -> list[GateResul
         failed = value is None or bool(_OPS[op](float(value), number))
         out.append(GateResult(gate, metric, None if value is None else float(value), failed))
     return out
+
+
+def experiment_overview(tapes: Any) -> list[dict[str, Any]]:
+    """Every experiment (``experiment_list``'s row) with its comparison summary against the originals:
+    what the console's Experiments page lists."""
+    from .experiment import experiment_list
+
+    out = []
+    for row in experiment_list(tapes):
+        out.append({**row, "summary": compare(tapes, row["name"]).summary()})
+    return out
+
+
+def _prompt(node: Node | None) -> list[dict[str, Any]]:
+    return [] if node is None else [m.to_json() for m in node.prompt]
+
+
+def experiment_detail(tapes: Any, name: str, *, baseline: str = "original",
+                      evals: Sequence[str] = ()) -> dict[str, Any]:
+    """One experiment compared pair by pair, each side with the prompt it was sent, and the scores the
+    store holds for the original and candidate runs: what the console's side-by-side page shows."""
+    from .experiment import experiment_list
+
+    cmp = compare(tapes, name, baseline=baseline, evals=evals)
+    out = cmp.to_json()
+    out["experiment"] = next((e for e in experiment_list(tapes) if e["name"] == name), None)
+    refs = {r for p in cmp.pairs for r in (p.candidate_ref, p.baseline_ref, p.of) if r and "@" in r}
+    from .read.scores import latest_by_ref
+
+    scored = latest_by_ref(tapes.reader, sorted(refs)) if refs else {}
+    for pair, row in zip(cmp.pairs, out["runs"]):
+        row["_order"] = (pair.of, pair.baseline.start_ns if pair.baseline is not None else 0, pair.node)
+        row["baseline"]["input"] = _prompt(pair.baseline)
+        row["candidate"]["input"] = _prompt(pair.candidate)
+        row["original_scores"] = scored.get(pair.of, {})
+        row["baseline_scores"] = scored.get(pair.baseline_ref or "", {})
+        row["candidate_scores"] = scored.get(pair.candidate_ref or "", {})
+    out["runs"].sort(key=lambda r: r.pop("_order"))  # each original run's nodes in the order they ran
+    return out

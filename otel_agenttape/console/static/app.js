@@ -6,6 +6,7 @@ import { runsView } from "./runs.js";
 import { runView } from "./run.js";
 import { treeView } from "./tree.js";
 import { diffView, sessionView, verifyView } from "./pages.js";
+import { experimentView, experimentsView } from "./experiments.js";
 
 const view = document.getElementById("view");
 let stopCurrent = null;
@@ -70,6 +71,8 @@ export async function route() {
     else if (page === "tree") { markNav("runs"); stop = await treeView(view, a); }
     else if (page === "session") { markNav("runs"); await sessionView(view, a); }
     else if (page === "diff") { markNav("diff"); await diffView(view, a || params.get("a"), b || params.get("b")); }
+    else if (page === "experiments") { markNav("experiments"); await experimentsView(view); }
+    else if (page === "experiment") { markNav("experiments"); await experimentView(view, a, params); }
     else if (page === "verify") { markNav("verify"); await verifyView(view); }
     else throw new ApiError(404, `no page ${page}`);
     stopCurrent = stop;

@@ -293,8 +293,13 @@ class Tapes:
 
     # --- experiments ---------------------------------------------------------------------------------
 
-    def experiments(self) -> list[dict[str, Any]]:
-        """One row per experiment recorded in the store (``agenttape experiment list``)."""
+    def experiments(self, *, summary: bool = False) -> list[dict[str, Any]]:
+        """One row per experiment recorded in the store (``agenttape experiment list``); with ``summary``
+        each row also holds its comparison with the originals (the console's Experiments page)."""
+        if summary:
+            from ..experiment_compare import experiment_overview
+
+            return experiment_overview(self)
         from ..experiment import experiment_list
 
         return experiment_list(self)
@@ -321,6 +326,13 @@ class Tapes:
         from ..experiment_compare import compare
 
         return compare(self, name, baseline=baseline, evals=evals)
+
+    def experiment_detail(self, name: str, *, baseline: str = "original", evals: Sequence[str] = ()) -> dict[str, Any]:
+        """``compare`` as JSON, each pair's sides with the prompt sent and the stored scores of the runs
+        (the console's side-by-side page)."""
+        from ..experiment_compare import experiment_detail
+
+        return experiment_detail(self, name, baseline=baseline, evals=evals)
 
     # --- many runs, tapes, SQL ------------------------------------------------------------------------
 
