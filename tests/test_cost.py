@@ -115,3 +115,55 @@ def test_sql_reads_call_costs(db, capsys):
             "SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM duckdb_views()").to_pylist()}
     assert main(["sql", "SELECT model, usd, price FROM call_costs WHERE agent = 'second'", "--db", db]) == 0
     assert LOCAL_MODEL in capsys.readouterr().out
+
+
+def test_a_page_read_again_is_priced_again_when_its_run_gains_a_call(tmp_path):
+    """A run's cost is kept between pages: a model call that arrives later is priced in the next page."""
+    from opentelemetry import trace as api
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    from otel_agenttape.store.writer import Store
+
+    def spans(build) -> bytes:
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        build(provider.get_tracer("t"))
+        return encode_spans(exporter.get_finished_spans())
+
+    call = {"agenttape.run.id": "run-grow", "agenttape.node.type": "model", "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "openai", "gen_ai.request.model": "gpt-4o",
+            "gen_ai.usage.input_tokens": 1000, "gen_ai.usage.output_tokens": 500}
+    seen = {}
+
+    def first(tracer) -> None:
+        with tracer.start_as_current_span("run-grow", attributes={
+                "agenttape.run.id": "run-grow", "agenttape.node.type": "run", "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": "grow"}) as run:
+            seen["ctx"] = run.get_span_context()
+            with tracer.start_as_current_span("chat gpt-4o", attributes=call):
+                pass
+
+    def second(tracer) -> None:
+        ctx = api.set_span_in_context(api.NonRecordingSpan(SpanContext(
+            trace_id=seen["ctx"].trace_id, span_id=seen["ctx"].span_id, is_remote=True, trace_flags=TraceFlags(1))))
+        with tracer.start_as_current_span("chat gpt-4o", context=ctx, attributes=call):
+            pass
+
+    store = Store(str(tmp_path / "grow.duckdb"))
+    try:
+        store.write_traces([spans(first)])
+        tapes = otel_agenttape.open(store)
+        one = (1000 * 2.5 + 500 * 10) / 1e6
+        assert [r.cost_usd for r in tapes.runs().runs] == [pytest.approx(one)]
+        assert [r.cost_usd for r in tapes.runs().runs] == [pytest.approx(one)]  # kept
+        store.write_traces([spans(second)])
+        (run,) = tapes.runs().runs
+        assert (run.model_calls, run.cost_usd, run.priced_calls) == (2, pytest.approx(2 * one), 2)
+        tapes.close()
+    finally:
+        store.close()

@@ -115,9 +115,8 @@ def calls_of_runs(reader: Reader, runs: Iterable[Any]) -> dict[str, list[dict[st
     theirs = [r for r in runs if r.source != sc.SOURCE_AGENTTAPE]
     rows: list[dict[str, Any]] = []
     if ours:
-        lo = min(r.start_ns for r in ours)
-        hi = max(max(r.end_ns, r.start_ns) for r in ours)
-        rows += ours_calls(reader, [r.ref for r in ours], lo, hi)
+        # no time window: a node may end (and a late one start) after its run span ended
+        rows += ours_calls(reader, [r.ref for r in ours])
     if theirs:
         wanted = {r.ref for r in theirs}
         rows += [c for c in foreign_calls(reader, sorted({r.trace_id for r in theirs})) if c["ref"] in wanted]

@@ -29,6 +29,12 @@ from .summary import Page, RunSummary
 
 
 MEMO_ENTRIES = 256
+COST_ENTRIES = 200_000  # runs whose cost is kept (about 100 bytes each)
+
+
+def _calls_key(r: RunSummary) -> tuple[Any, ...]:
+    """What a run's cost follows from, as its summary counts it."""
+    return (r.ref, r.model_calls, r.input_tokens, r.output_tokens, tuple(r.models))
 
 
 def _tree_total(doc: dict[str, Any]) -> dict[str, Any]:
@@ -55,6 +61,7 @@ class Tapes:
         self._memo: dict[Any, Any] = {}
         self._memo_version: int | None = None
         self._prices: Prices | None = None
+        self._costs_of: dict[tuple[Any, ...], tuple[Any, int, int]] | None = None
         if prices is not None:
             self.use_prices(prices)
 
@@ -73,6 +80,7 @@ class Tapes:
         tokens); None: genai-prices and ``$AGENTTAPE_PRICES`` again. Answers kept so far are dropped."""
         self._prices = prices if isinstance(prices, Prices) or prices is None else Prices.load(prices)
         self._memo, self._memo_version = {}, None
+        self._costs_of = None
 
     @property
     def description(self) -> str:
@@ -137,25 +145,20 @@ class Tapes:
         score_summaries(self.reader, runs)
 
     def _price(self, runs: Sequence[RunSummary]) -> None:
-        """``price_summaries``, each run priced once per store version (a run's calls change only when
-        the store gains spans; ``use_prices`` forgets them all): a page read again costs no query."""
-        version = store_version(self.reader)
-        if version is None:
-            price_summaries(self.reader, runs, self.prices)
-            return
-        if version != self._memo_version:
-            self._memo, self._memo_version = {}, version
-        known: dict[str, tuple[Any, int, int]] = self._memo.setdefault(("cost of runs",), {})
-        todo = [r for r in runs if r.ref not in known]
-        keep = False
+        """``price_summaries``, each run priced once: a run's cost is kept under what its summary says of
+        its model calls (their count and tokens: a call that arrives changes the count, a stored span
+        never changes), so a page read again runs no pricing query, on every kind of store;
+        ``use_prices`` forgets them all."""
+        if self._costs_of is None or len(self._costs_of) > COST_ENTRIES:
+            self._costs_of = {}
+        known = self._costs_of
+        todo = [r for r in runs if _calls_key(r) not in known]
         if todo:
             price_summaries(self.reader, todo, self.prices)
-            keep = store_version(self.reader) == version  # not written to meanwhile
+            for r in todo:
+                known[_calls_key(r)] = (r.cost_usd, r.priced_calls, r.unpriced_calls)
         for r in runs:
-            if keep and r.ref not in known:
-                known[r.ref] = (r.cost_usd, r.priced_calls, r.unpriced_calls)
-            elif r.ref in known:
-                r.cost_usd, r.priced_calls, r.unpriced_calls = known[r.ref]
+            r.cost_usd, r.priced_calls, r.unpriced_calls = known[_calls_key(r)]
 
     def locate(self, ref: str) -> str:
         """The ``RUN_ID@TRACE_ID`` a ref names (``RunNotFound``, ``AmbiguousRunError``)."""
