@@ -49,7 +49,11 @@ def ours_calls(reader: Reader, refs: Sequence[str] | None, lo: int | None = None
     """The model calls of agenttape runs (``RUN_ID@TRACE_ID``; None: every run), one row each with its ``ref``."""
     if refs is not None and not refs:
         return []
-    window = f"start_time_unix_nano BETWEEN {int(lo)} AND {int(hi)} AND " if lo is not None and hi is not None else ""
+    window = ""
+    if lo is not None:
+        window = f"start_time_unix_nano >= {int(lo)} AND "
+    if hi is not None:
+        window += f"start_time_unix_nano <= {int(hi)} AND "
     c_list, cols = _extras("attributes", "provider_name")
     params: list[Any] = []
     where = f"{window}run_id IS NOT NULL"
@@ -115,8 +119,8 @@ def calls_of_runs(reader: Reader, runs: Iterable[Any]) -> dict[str, list[dict[st
     theirs = [r for r in runs if r.source != sc.SOURCE_AGENTTAPE]
     rows: list[dict[str, Any]] = []
     if ours:
-        # no time window: a node may end (and a late one start) after its run span ended
-        rows += ours_calls(reader, [r.ref for r in ours])
+        # from the first run's start on, with no end: a node may start after its run span ended
+        rows += ours_calls(reader, [r.ref for r in ours], min(r.start_ns for r in ours))
     if theirs:
         wanted = {r.ref for r in theirs}
         rows += [c for c in foreign_calls(reader, sorted({r.trace_id for r in theirs})) if c["ref"] in wanted]
