@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .evaluate import EvalRun, EvaluationError, Evaluator, Result, message_text
+from .jsonl_file import jsonl_rows
 
 PASS, FAIL = "pass", "fail"
 
@@ -84,18 +85,8 @@ def load_reference(path: str | os.PathLike[str]) -> dict[str, str]:
     """A JSONL file of ``{"input": ..., "expected": ...}`` lines: input (text, or chat messages whose last
     user message is taken) -> expected output. A bad line is an error naming it."""
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ValueError(f"cannot read reference file {p}: {exc.strerror or exc}") from None
     out: dict[str, str] = {}
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise ValueError(f"{p}:{n}: not JSON") from None
+    for n, row in jsonl_rows(p, "reference file"):
         if not isinstance(row, dict) or "input" not in row or "expected" not in row:
             raise ValueError(f"{p}:{n}: needs \"input\" and \"expected\"")
         expected = row["expected"]

@@ -24,6 +24,7 @@ from .. import semconv as sc
 from ..resume.entry import COMMITTED, FAILED, Entry
 from ..resume.journal import Journal
 from ..resume.keys import request_hash
+from .jsonl_file import jsonl_rows
 from .model import Node
 from .replay import recorded_request
 
@@ -178,18 +179,8 @@ def select_items(tapes: Any, *, refs: Sequence[str] = (), filters: dict[str, Any
 
 def _dataset_items(tapes: Any, dataset: str | os.PathLike[str]) -> list[Item]:
     path = Path(dataset)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ExperimentError(f"cannot read dataset {path}: {exc.strerror or exc}") from None
     items: list[Item] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise ExperimentError(f"{path}:{n}: not JSON") from None
+    for n, row in jsonl_rows(path, "dataset", ExperimentError):
         if isinstance(row, dict) and row.get("ref"):
             items += select_items(tapes, refs=[str(row["ref"])])
             continue
