@@ -14,7 +14,7 @@ PKG = Path(__file__).resolve().parents[1] / "otel_agenttape"
 
 LAYER = {
     "codec": 0,  # value and wire encodings: imports nothing else of the package
-    "semconv": 1, "pricing": 1, "anyvalue": 1, "atomicfile": 1, "native": 1, "outboxfile": 1,
+    "semconv": 1, "pricing": 1, "anyvalue": 1, "atomicfile": 1, "native": 1, "outboxfile": 1, "walfile": 1,
     "integrity": 2, "resume": 2,
     "capture": 3, "store": 3,
     "receiver": 4, "tape": 4, "sessions": 4, "integrations": 4,

@@ -11,7 +11,7 @@ segment again, and the flusher keeps running. While the last write failed, ``err
 (``/healthz`` reports it) and the flusher probes the disk every second with a small write of its own,
 so the log is healthy again as soon as space is back, without a restart.
 
-Record layout: ``<u32 payload length><u32 crc32(kind + payload)><u8 kind>`` then the payload
+Record layout (``walfile.py``): ``<u32 payload length><u32 crc32(kind + payload)><u8 kind>`` then the payload
 (a serialized ``Export*ServiceRequest``).
 """
 
@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from otel_agenttape.walfile import KIND_LOGS, KIND_TRACES, read_segment, record_header  # noqa: F401 - re-exported
+from otel_agenttape.walfile import SUFFIX as _SUFFIX
+from otel_agenttape.walfile import segment_name as _segment_name
+
 log = logging.getLogger(__name__)
 
-KIND_TRACES = 1
-KIND_LOGS = 2
-
-_HEADER = struct.Struct("<IIB")
-_SUFFIX = ".wal"
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 _PROBE_NAME = ".probe"
 _PROBE_BYTES = 64 * 1024
@@ -40,10 +37,6 @@ _PROBE_SECONDS = 1.0
 
 class WalClosed(RuntimeError):
     """Append after ``close()``."""
-
-
-def _segment_name(number: int) -> str:
-    return f"{number:012d}{_SUFFIX}"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -68,24 +61,6 @@ def _write_all(fd: int, chunks: list[bytes]) -> None:
             else:
                 pending[0] = pending[0][n:]
                 n = 0
-
-
-def read_segment(path: Path) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(kind, payload)`` of every intact record; stops at the first torn or corrupt one."""
-    with open(path, "rb") as fh:
-        data = fh.read()
-    pos, end = 0, len(data)
-    while pos + _HEADER.size <= end:
-        length, crc, kind = _HEADER.unpack_from(data, pos)
-        start = pos + _HEADER.size
-        stop = start + length
-        if stop > end:
-            return
-        payload = data[start:stop]
-        if zlib.crc32(payload, zlib.crc32(bytes((kind,)))) != crc:
-            return
-        yield kind, payload
-        pos = stop
 
 
 class WriteAheadLog:
@@ -148,7 +123,7 @@ class WriteAheadLog:
     def append(self, kind: int, payload: bytes | memoryview) -> int:
         """Append one record and return its sequence number once it is fsync'd to disk."""
         payload = bytes(payload)
-        header = _HEADER.pack(len(payload), zlib.crc32(payload, zlib.crc32(bytes((kind,)))), kind)
+        header = record_header(kind, payload)
         with self._lock:
             if self._closed:
                 raise WalClosed("write-ahead log is closed")
