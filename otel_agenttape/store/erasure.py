@@ -49,6 +49,7 @@ class EraseResult:
     selected_spans: int = 0
     keys: list[str] = field(default_factory=list)  # the attribute keys erased
     seconds: float = 0.0
+    copies: list[dict[str, Any]] = field(default_factory=list)  # per copy: what it is, what was erased there
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,84 +70,156 @@ def _loads(text: Any) -> dict[str, Any]:
     return orjson.loads(text) if isinstance(text, (str, bytes)) and text else {}
 
 
+@dataclass
+class Plan:
+    """What erasing the selected spans of one copy changes: the new typed attribute sets, keyed by span
+    ``(trace_id, span_id)`` and event ``(trace_id, span_id, event_index)``, and the record's entries."""
+
+    spans: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    events: dict[tuple[str, str, int], dict[str, Any]] = field(default_factory=dict)
+    record_spans: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    keys: set[str] = field(default_factory=set)
+    selected: set[tuple[str, str]] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.spans or self.events)
+
+    def span_json(self) -> list[tuple[str, str, str]]:
+        return [(t, s, orjson.dumps(a).decode()) for (t, s), a in self.spans.items()]
+
+    def event_json(self) -> list[tuple[str, str, int, str]]:
+        return [(t, s, i, orjson.dumps(a).decode()) for (t, s, i), a in self.events.items()]
+
+
+def plan(con: duckdb.DuckDBPyConnection, where: str, params: Sequence[Any], result: EraseResult,
+         also: Sequence[tuple[str, str]] = ()) -> Plan:
+    """Plan the erasure of the spans ``where`` selects (plus the spans ``also`` names) over the ``spans``
+    and ``span_events`` relations of ``con``, counting into ``result``. Nothing is written."""
+    cond = f"({where})"
+    if also:
+        con.register("erase_also", pa.table({"trace_id": [k[0] for k in also], "span_id": [k[1] for k in also]}))
+        cond += (" OR EXISTS (SELECT 1 FROM erase_also k WHERE k.trace_id = spans.trace_id "
+                 "AND k.span_id = spans.span_id)")
+    rows = con.execute(
+        f"SELECT trace_id, span_id, attributes, chain_id, chain_epoch, chain_seq FROM spans WHERE ({cond}) "
+        f"AND name <> ?", [*params, semconv.EVENT_ERASURE]).fetchall()
+    spans, seen = [], set()
+    for r in rows:  # a request log may hold a span twice (a retried request): once is enough
+        if (r[0], r[1]) not in seen:
+            seen.add((r[0], r[1]))
+            spans.append(r)
+    out = Plan(selected=seen)
+    result.selected_spans += len(spans)
+    if not spans:
+        return out
+    keys_tbl = pa.table({"trace_id": [s[0] for s in spans], "span_id": [s[1] for s in spans]})
+    con.register("erase_keys", keys_tbl)
+    events: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
+    for tid, sid, idx, attrs in con.execute(
+            "SELECT DISTINCT ON (e.trace_id, e.span_id, e.event_index) e.trace_id, e.span_id, e.event_index, "
+            "e.attributes FROM span_events e SEMI JOIN erase_keys k ON e.trace_id = k.trace_id AND "
+            "e.span_id = k.span_id ORDER BY e.trace_id, e.span_id, e.event_index").fetchall():
+        events.setdefault((tid, sid), []).append((idx, _loads(attrs)))
+    con.unregister("erase_keys")
+    for tid, sid, text, chain_id, epoch, seq in spans:
+        attrs = _loads(text)
+        evs = events.get((tid, sid), [])
+        if semconv.CHAIN_SALTS in attrs:
+            try:
+                done = erase_span(attrs, [a for _, a in evs])
+            except CommitmentError:
+                continue  # salts that do not fit: the span does not verify; verify says why
+            if not done.erased:
+                continue
+            result.spans += 1
+            result.values += len(done.erased)
+            out.keys.update(label.rsplit(":", 1)[-1] if label.startswith("event:") else label
+                            for label in done.erased)
+            out.spans[(tid, sid)] = done.attributes
+            for i in done.changed_events:
+                out.events[(tid, sid, evs[i][0])] = done.events[i]
+            out.record_spans[(tid, sid)] = {"trace_id": tid, "span_id": sid, "chain_id": chain_id,
+                                            "epoch": int(epoch or 0), "seq": int(seq if seq is not None else -1),
+                                            "erased": done.erased}
+            continue
+        held = [k for k in attrs if k in _CONTENT]
+        held_ev = [(idx, [k for k in a if k in _CONTENT]) for idx, a in evs]
+        if not held and not any(ks for _, ks in held_ev):
+            continue
+        if chain_id is not None:
+            result.skipped_v1_spans += 1
+            continue
+        result.unsealed_spans += 1
+        result.unsealed_values += len(held) + sum(len(ks) for _, ks in held_ev)
+        out.keys.update(held)
+        if held:
+            out.spans[(tid, sid)] = {k: v for k, v in attrs.items() if k not in _CONTENT}
+        for (idx, a), (_, ks) in zip(evs, held_ev):
+            if ks:
+                out.keys.update(ks)
+                out.events[(tid, sid, idx)] = {k: v for k, v in a.items() if k not in _CONTENT}
+    return out
+
+
 def erase_duckdb(path: str | os.PathLike[str], where: str, params: Sequence[Any], *, reason: str, by: str,
-                 selector: Mapping[str, Any], signer: Signer, dry_run: bool = False) -> EraseResult:
-    """Erase the content of the spans ``where`` selects (a condition on ``spans``) in a DuckDB file."""
+                 selector: Mapping[str, Any], signer: Signer, dry_run: bool = False,
+                 copies: Sequence[Any] = ()) -> EraseResult:
+    """Erase the content of the spans ``where`` selects (a condition on ``spans``) in a DuckDB file, and
+    in each of ``copies`` (``store/erasure_copies.py``: a Parquet export, a lake, a receiver's WAL, an
+    outbox) the same spans and any more that the selection picks there. One record names them all."""
     t0 = time.perf_counter()
     path = os.fspath(path)
     if not reason or not reason.strip():
         raise ValueError("an erasure needs a reason (--reason)")
     con = _connect(path)
     try:
-        spans = con.execute(
-            f"SELECT trace_id, span_id, attributes, chain_id, chain_epoch, chain_seq FROM spans WHERE ({where}) "
-            f"AND name <> ?", [*params, semconv.EVENT_ERASURE]).fetchall()
-        result = EraseResult(None, dry_run, selected_spans=len(spans))
-        if not spans:
-            result.seconds = time.perf_counter() - t0
-            return result
-        keys_tbl = pa.table({"trace_id": [s[0] for s in spans], "span_id": [s[1] for s in spans]})
-        con.register("erase_keys", keys_tbl)
-        events: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
-        for tid, sid, idx, attrs in con.execute(
-                "SELECT e.trace_id, e.span_id, e.event_index, e.attributes FROM span_events e SEMI JOIN erase_keys k "
-                "ON e.trace_id = k.trace_id AND e.span_id = k.span_id ORDER BY e.trace_id, e.span_id, e.event_index"
-        ).fetchall():
-            events.setdefault((tid, sid), []).append((idx, _loads(attrs)))
-        con.unregister("erase_keys")
-        span_updates: list[tuple[str, str, str]] = []
-        event_updates: list[tuple[str, str, int, str]] = []
-        record_spans: list[dict[str, Any]] = []
-        erased_keys: set[str] = set()
-        for tid, sid, text, chain_id, epoch, seq in spans:
-            attrs = _loads(text)
-            evs = events.get((tid, sid), [])
-            if semconv.CHAIN_SALTS in attrs:
-                try:
-                    done = erase_span(attrs, [a for _, a in evs])
-                except CommitmentError:
-                    continue  # salts that do not fit: the span does not verify; verify says why
-                if not done.erased:
-                    continue
-                result.spans += 1
-                result.values += len(done.erased)
-                erased_keys.update(label.rsplit(":", 1)[-1] if label.startswith("event:") else label
-                                   for label in done.erased)
-                span_updates.append((tid, sid, orjson.dumps(done.attributes).decode()))
-                for i in done.changed_events:
-                    event_updates.append((tid, sid, evs[i][0], orjson.dumps(done.events[i]).decode()))
-                record_spans.append({"trace_id": tid, "span_id": sid, "chain_id": chain_id, "epoch": int(epoch or 0),
-                                     "seq": int(seq if seq is not None else -1), "erased": done.erased})
-                continue
-            held = [k for k in attrs if k in _CONTENT]
-            held_ev = [(idx, [k for k in a if k in _CONTENT]) for idx, a in evs]
-            if not held and not any(ks for _, ks in held_ev):
-                continue
-            if chain_id is not None:
-                result.skipped_v1_spans += 1
-                continue
-            result.unsealed_spans += 1
-            result.unsealed_values += len(held) + sum(len(ks) for _, ks in held_ev)
-            erased_keys.update(held)
-            if held:
-                span_updates.append((tid, sid, orjson.dumps({k: v for k, v in attrs.items() if k not in _CONTENT}).decode()))
-            for (idx, a), (_, ks) in zip(evs, held_ev):
-                if ks:
-                    erased_keys.update(ks)
-                    event_updates.append((tid, sid, idx, orjson.dumps({k: v for k, v in a.items() if k not in _CONTENT}).decode()))
-        result.keys = sorted(erased_keys)
-        if dry_run or not (span_updates or event_updates):
+        result = EraseResult(None, dry_run)
+        main = plan(con, where, params, result)
+    finally:
+        con.close()
+    plans = []
+    try:
+        for copy in copies:
+            counts = EraseResult(None, dry_run)
+            p = copy.plan(where, params, sorted(main.selected), counts)
+            plans.append((copy, p, counts))
+            result.copies.append({**copy.describe(), "spans": counts.spans, "values": counts.values,
+                                  "unsealed_values": counts.unsealed_values})
+        record_spans = dict(main.record_spans)
+        keys = set(main.keys)
+        for _, p, _ in plans:
+            keys |= p.keys
+            for k, v in p.record_spans.items():
+                record_spans.setdefault(k, v)
+        result.keys = sorted(keys)
+        if dry_run or not (main or any(p for _, p, _ in plans)):
             result.seconds = time.perf_counter() - t0
             return result
         now = time.time_ns()
-        record = build_record(record_spans, reason=reason, by=by, selector=selector, time_unix_nano=now)
+        record = build_record(list(record_spans.values()), reason=reason, by=by, selector=selector,
+                              time_unix_nano=now)
         result.erasure_id = record["id"]
         note = sign_record(record, signer)
+        row = _record_row(record, note, signer, now)
+        rewrite(path, main.span_json(), main.event_json(), row)
+        if plans:
+            record_table = _read_record(path, row[0])
+            for (copy, p, _), out in zip(plans, result.copies):
+                out.update(copy.apply(p, record_table))
     finally:
-        con.close()
-    rewrite(path, span_updates, event_updates, _record_row(record, note, signer, now))
+        for copy in copies:
+            copy.close()
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _read_record(path: str, trace_id: str) -> pa.Table:
+    """The record's row as the store holds it (every column), for the copies that are read as stores."""
+    con = duckdb.connect(path, read_only=True)
+    try:
+        return con.execute("SELECT * FROM spans WHERE trace_id = ?", [trace_id]).to_arrow_table()
+    finally:
+        con.close()
 
 
 def _record_row(record: dict[str, Any], note: str, signer: Signer, now: int) -> list[Any]:
