@@ -289,6 +289,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--signing-key", default=None, metavar="KEY",
                    help="key file that signs the record (default $AGENTTAPE_SIGNING_KEY, else ephemeral)")
     p.add_argument("--dry-run", action="store_true", help="print what would be erased; change nothing")
+    p.add_argument("--parquet", action="append", default=[], dest="copy_parquet", metavar="DIR",
+                   help="also erase in this Parquet export (export parquet, serve --parquet-dir); repeatable")
+    p.add_argument("--lake", action="append", default=[], dest="copy_lake", metavar="DIR|s3://...",
+                   help="also erase in this lake (a new snapshot; the old files deleted); repeatable")
+    p.add_argument("--wal", action="append", default=[], dest="copy_wal", metavar="DIR",
+                   help="also erase in this receiver write-ahead log (DB.otlpwal is always included); repeatable")
+    p.add_argument("--outbox", action="append", default=[], dest="copy_outbox", metavar="DIR",
+                   help="also erase in this agent outbox folder (its processes stopped); repeatable")
     p.add_argument("--json", action="store_true")
     p.add_argument("--db", default=default_db(), help="DuckDB tape store (env AGENTTAPE_DB)")
     p.set_defaults(func=_verb("erase"))

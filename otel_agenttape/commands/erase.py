@@ -23,7 +23,9 @@ def run(args: argparse.Namespace) -> int:
     def erase(tapes) -> dict:
         try:
             return tapes.erase(session=args.session, run=args.run, trace=args.trace, before=args.before,
-                               reason=args.reason, signing_key=args.signing_key, by=args.by, dry_run=args.dry_run)
+                               reason=args.reason, signing_key=args.signing_key, by=args.by, dry_run=args.dry_run,
+                               parquet=args.copy_parquet, lakes=args.copy_lake, wal=args.copy_wal,
+                               outbox=args.copy_outbox)
         except store_errors() as exc:
             raise CliError(str(exc)) from None
 
@@ -40,6 +42,11 @@ def run(args: argparse.Namespace) -> int:
     if result["skipped_v1_spans"]:
         print(f"  left {result['skipped_v1_spans']} sealed v1 spans (their leaves hold the content itself: "
               "erasing it would break their tape)")
+    for c in result["copies"]:
+        done = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in c.items()
+                         if k.endswith(("_rewritten", "_deleted")))
+        print(f"  {c['kind']} {c['path']}: {verb} {c['values'] + c['unsealed_values']} values in {c['spans']} "
+              "sealed spans" + (f" ({done})" if done else ""))
     if not result["dry_run"] and result["erasure_id"]:
         print(f"  store rewritten in {result['seconds']:.2f} s: no copy left in the file or its WAL")
     return EXIT_OK

@@ -217,7 +217,7 @@ def _read_record(path: str, trace_id: str) -> pa.Table:
     """The record's row as the store holds it (every column), for the copies that are read as stores."""
     con = duckdb.connect(path, read_only=True)
     try:
-        return con.execute("SELECT * FROM spans WHERE trace_id = ?", [trace_id]).to_arrow_table()
+        return con.sql("SELECT * FROM spans WHERE trace_id = ?", params=[trace_id]).to_arrow_table()
     finally:
         con.close()
 

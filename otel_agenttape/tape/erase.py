@@ -11,10 +11,12 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from ..integrity.note import Signer
 from ..store.erasure import EraseResult, erase_duckdb
+from ..store.erasure_copies import copies_for
 from ..store.readers import StoreError
 from .load import Reader
 from .read.filters import as_ns
@@ -75,12 +77,20 @@ def store_path(reader: Reader) -> str:
         raise StoreError(f"{path.split(' via ')[0]} is held by a running receiver ({path.split(' via ')[1]}): "
                          "erasing while it ingests is not supported yet; stop it, then erase")
     if getattr(reader, "kind", None) != "duckdb" or not os.path.isfile(path):
-        raise StoreError("erasure works on a DuckDB store file (a lake or export is rewritten from it: "
-                         "erase the store, then export or publish again)")
+        raise StoreError("erasure works on a DuckDB store file, and with it on its copies (name them: "
+                         "--parquet DIR, --lake DIR|s3://..., --wal DIR, --outbox DIR)")
     return path
 
 
 def erase_file(path: str, where: str, params: list[Any], selector: dict[str, Any], *, reason: str,
-               signer: Signer, by: str | None = None, dry_run: bool = False) -> EraseResult:
+               signer: Signer, by: str | None = None, dry_run: bool = False, parquet: Sequence[str] = (),
+               lakes: Sequence[str] = (), wal: Sequence[str] = (), outbox: Sequence[str] = ()) -> EraseResult:
+    """Erase in the store file and in the copies named; the receiver's WAL beside the file (``DB.otlpwal``,
+    segments a crash left for replay) is always included."""
+    wal = list(wal)
+    beside = path + ".otlpwal"
+    if os.path.isdir(beside) and os.path.abspath(beside) not in {os.path.abspath(w) for w in wal}:
+        wal.append(beside)
+    copies = copies_for(parquet=parquet, lakes=lakes, wal=wal, outbox=outbox)
     return erase_duckdb(path, where, params, reason=reason, by=by or default_by(), selector=selector,
-                        signer=signer, dry_run=dry_run)
+                        signer=signer, dry_run=dry_run, copies=copies)

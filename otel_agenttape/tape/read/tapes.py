@@ -362,10 +362,14 @@ class Tapes:
 
     def erase(self, *, session: str | None = None, run: str | None = None, trace: str | None = None,
               before: Any = None, reason: str, signing_key: Any = None, by: str | None = None,
-              dry_run: bool = False) -> dict[str, Any]:
+              dry_run: bool = False, parquet: Sequence[str] = (), lakes: Sequence[str] = (),
+              wal: Sequence[str] = (), outbox: Sequence[str] = ()) -> dict[str, Any]:
         """Erase the content of a session's, run's or trace's spans, or of spans started ``before`` a time,
         from this DuckDB store (``agenttape erase``): values and salts removed, the tapes still verify, a
-        signed erasure record written, the file rewritten so no copy remains. Returns the counts
+        signed erasure record written, the file rewritten so no copy remains. The same spans (and any the
+        selection picks there) are erased in the copies named: Parquet export folders (``parquet``),
+        folder or S3 lakes (``lakes``), receiver WAL folders (``wal``; ``DB.otlpwal`` always) and outbox
+        folders (``outbox``), under the same record. Returns the counts, per copy under ``copies``
         (``dry_run``: what would be erased, nothing changed)."""
         from ...store.reader import open_duckdb
         from ..erase import erase_file, selection, signer_from, store_path
@@ -375,7 +379,8 @@ class Tapes:
         signer = signer_from(signing_key)
         self.reader.close()  # a read-only and a read-write connection cannot share a file in one process
         try:
-            result = erase_file(path, where, params, selector, reason=reason, signer=signer, by=by, dry_run=dry_run)
+            result = erase_file(path, where, params, selector, reason=reason, signer=signer, by=by, dry_run=dry_run,
+                                parquet=parquet, lakes=lakes, wal=wal, outbox=outbox)
         finally:
             self.reader = open_duckdb(path)
             self._memo, self._memo_version = {}, None
