@@ -150,9 +150,16 @@ def test_cli_names_the_copies_and_refuses_a_missing_one(copies, tmp_path) -> Non
         return subprocess.run([sys.executable, "-m", "otel_agenttape", "erase", "--db", db, *args],
                               capture_output=True, text=True, timeout=120, env=env)
 
+    # a receiver killed while a request body sat in its shared-memory spool
+    killed = subprocess.run([sys.executable, "-c", "from otel_agenttape.receiver import spool; d = spool.create(); "
+                             f"spool.put_body(d, {KEPT!r}.encode()); print(d)"],
+                            capture_output=True, text=True, timeout=60, env=env, check=True)
+    spooled = Path(killed.stdout.strip())
+    assert KEPT.encode() in _all_bytes(spooled)
     done = cli("--run", "b1", "--reason", "asked", "--parquet", str(export))
     assert done.returncode == 0, done.stderr
     assert f"parquet {export}: erased 9 values in 3 sealed spans (2 files rewritten)" in done.stdout, done.stdout
+    assert "spool folders of stopped receivers" in done.stdout and not spooled.exists()
     assert KEPT.encode() not in _all_bytes(export)
     missing = cli("--run", "b1", "--reason", "asked", "--outbox", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no outbox at" in missing.stderr

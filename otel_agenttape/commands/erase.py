@@ -30,6 +30,11 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
 
     result = read(args, erase)
+    if not result["dry_run"] and result["erasure_id"]:
+        from otel_agenttape.receiver.spool import remove_stale
+
+        # a killed receiver's hand-off files (request bodies, rows) in shared memory: transient, removed
+        result["spools_removed"] = len(remove_stale())
     if args.json:
         sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
         return EXIT_OK
@@ -48,5 +53,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {c['kind']} {c['path']}: {verb} {c['values'] + c['unsealed_values']} values in {c['spans']} "
               "sealed spans" + (f" ({done})" if done else ""))
     if not result["dry_run"] and result["erasure_id"]:
-        print(f"  store rewritten in {result['seconds']:.2f} s: no copy left in the file or its WAL")
+        print(f"  store rewritten in {result['seconds']:.2f} s: no copy left in the file or its WAL"
+              + (f"; removed {result['spools_removed']} spool folders of stopped receivers"
+                 if result["spools_removed"] else ""))
     return EXIT_OK

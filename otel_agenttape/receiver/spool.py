@@ -50,17 +50,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def create() -> str:
-    """A new spool folder for this process (and remove those of processes that are gone)."""
-    base = _base()
-    for path in Path(base).glob(_PREFIX + "*"):
+def remove_stale() -> list[str]:
+    """Remove the spool folders of processes that are gone (a killed receiver's request bodies and rows
+    stay in them until then; erasure calls this so no copy of an erased value is left there). Returns
+    the folders removed."""
+    gone = []
+    for path in Path(_base()).glob(_PREFIX + "*"):
         try:
             pid = int(path.name[len(_PREFIX):].split("-", 1)[0])
         except ValueError:
             continue
         if pid != os.getpid() and not _alive(pid):
             shutil.rmtree(path, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)
+            gone.append(str(path))
+    return gone
+
+
+def create() -> str:
+    """A new spool folder for this process (and remove those of processes that are gone)."""
+    remove_stale()
+    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=_base())
 
 
 def remove(folder: str) -> None:
