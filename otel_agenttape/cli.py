@@ -284,6 +284,8 @@ def _build_parser() -> argparse.ArgumentParser:
     which.add_argument("--run", default=None, metavar="REF", help="one run (RUN or RUN@TRACE)")
     which.add_argument("--trace", default=None, metavar="T", help="one trace id")
     which.add_argument("--before", default=None, metavar="TIME", help="spans started before this ISO time")
+    which.add_argument("--where", default=None, metavar="SQL",
+                       help="spans this read-only SQL predicate over spans selects, e.g. \"agent_name = 'support'\"")
     p.add_argument("--reason", required=True, metavar="TEXT", help="why (written into the erasure record)")
     p.add_argument("--by", default=None, metavar="WHO", help="who asked (default user@host)")
     p.add_argument("--signing-key", default=None, metavar="KEY",

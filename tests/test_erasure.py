@@ -291,3 +291,28 @@ def test_rows_keep_their_rowids_and_the_record_is_appended(stores) -> None:
     (spans_before, events_before), (spans_after, events_after) = order(stores["before"]), order(stores["after"])
     assert spans_after[:-1] == spans_before and spans_after[-1][2] == semconv.EVENT_ERASURE
     assert events_after == events_before
+
+
+def test_where_erases_what_a_predicate_over_spans_selects(stores) -> None:
+    path = _copy(stores, "where.duckdb")
+    with otel_agenttape.open(path) as tapes:
+        done = tapes.erase(where="run_id = 'b1' AND step = 1", reason="asked", signing_key=KEY)
+        for bad, why in (("run_id = 'a2') OR (true", "not one SQL expression"),
+                         ("nosuchcolumn = 1", "nosuchcolumn"),
+                         ("(SELECT content FROM read_text('/etc/passwd')) = 'x'", "read_text")):
+            with pytest.raises(ValueError, match=why):
+                tapes.erase(where=bad, reason="asked", signing_key=KEY)
+    assert (done["spans"], done["values"]) == (1, 3)
+    con = duckdb.connect(path, read_only=True)
+    try:
+        (record,) = con.execute("SELECT attributes FROM spans WHERE name = ?", [semconv.EVENT_ERASURE]).fetchall()[-1]
+        erased = con.execute("SELECT name FROM spans WHERE run_id = 'b1' AND attributes LIKE '%chain.erased%'"
+                             ).fetchall()
+    finally:
+        con.close()
+    assert orjson.loads(orjson.loads(record)[semconv.ERASURE_RECORD]["s"])["selector"] == {
+        "where": "run_id = 'b1' AND step = 1"}
+    assert erased == [("chat 1",)]
+    reports = _reports(path)
+    assert reports["b1"].valid and reports["b1"].erased_values == 3, reports["b1"].reason
+    assert reports["a1"].valid and len(reports["a1"].erasures) == 1  # the first record still accounts for s1

@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     def erase(tapes) -> dict:
         try:
             return tapes.erase(session=args.session, run=args.run, trace=args.trace, before=args.before,
+                               where=args.where,
                                reason=args.reason, signing_key=args.signing_key, by=args.by, dry_run=args.dry_run,
                                parquet=args.copy_parquet, lakes=args.copy_lake, wal=args.copy_wal,
                                outbox=args.copy_outbox)

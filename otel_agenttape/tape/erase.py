@@ -24,13 +24,15 @@ from .refs import resolve
 
 
 def selection(reader: Reader, *, session: str | None = None, run: str | None = None, trace: str | None = None,
-              before: Any = None) -> tuple[str, list[Any], dict[str, Any]]:
+              before: Any = None, where: str | None = None) -> tuple[str, list[Any], dict[str, Any]]:
     """``(spans condition, params, selector for the record)``; exactly one selector must be given."""
-    given = {k: v for k, v in (("session", session), ("run", run), ("trace", trace), ("before", before))
-             if v not in (None, "")}
+    given = {k: v for k, v in (("session", session), ("run", run), ("trace", trace), ("before", before),
+                               ("where", where)) if v not in (None, "")}
     if len(given) != 1:
-        raise ValueError("name exactly one of session, run, trace or before")
+        raise ValueError("name exactly one of session, run, trace, before or where")
     (what, value), = given.items()
+    if what == "where":
+        return f"({check_predicate(reader, str(value))})", [], {"where": str(value)}
     if what == "session":
         return ("(session_id = ? OR run_id IN (SELECT DISTINCT run_id FROM spans WHERE session_id = ? "
                 "AND run_id IS NOT NULL))", [value, value], {"session": value})
@@ -43,6 +45,28 @@ def selection(reader: Reader, *, session: str | None = None, run: str | None = N
         return "trace_id = ?", [str(value).lower()], {"trace": str(value).lower()}
     ns = as_ns(value, "before")
     return "start_time_unix_nano < ?", [ns], {"before_unix_nano": str(ns)}
+
+
+def check_predicate(reader: Reader, predicate: str) -> str:
+    """A user's ``--where``: one SQL expression over the columns of ``spans`` (a subquery over ``spans``
+    may be part of it), run once through the read-only SQL guard (``store/sql.py``: reads only, no
+    files, no table function that could reach outside the store). ``ValueError`` says what is wrong."""
+    import duckdb
+
+    from ..store.reader import QueryError
+    from ..store.sql import run_readonly_sql
+
+    if not predicate.strip():
+        raise ValueError("--where: empty predicate")
+    try:
+        duckdb.SQLExpression(predicate)
+    except duckdb.Error as exc:
+        raise ValueError(f"--where {predicate!r} is not one SQL expression: {str(exc).splitlines()[0]}") from None
+    try:
+        run_readonly_sql(reader, f"SELECT count(*) FROM spans WHERE ({predicate})")
+    except QueryError as exc:
+        raise ValueError(f"--where {predicate!r}: {str(exc).splitlines()[0]}") from None
+    return predicate
 
 
 def default_by() -> str:

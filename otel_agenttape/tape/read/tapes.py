@@ -361,11 +361,11 @@ class Tapes:
         return [r.to_json() for r in reports]
 
     def erase(self, *, session: str | None = None, run: str | None = None, trace: str | None = None,
-              before: Any = None, reason: str, signing_key: Any = None, by: str | None = None,
+              before: Any = None, where: str | None = None, reason: str, signing_key: Any = None, by: str | None = None,
               dry_run: bool = False, parquet: Sequence[str] = (), lakes: Sequence[str] = (),
               wal: Sequence[str] = (), outbox: Sequence[str] = ()) -> dict[str, Any]:
-        """Erase the content of a session's, run's or trace's spans, or of spans started ``before`` a time,
-        from this DuckDB store (``agenttape erase``): values and salts removed, the tapes still verify, a
+        """Erase the content of a session's, run's or trace's spans, of spans started ``before`` a time, or
+        of the spans a read-only SQL predicate over ``spans`` selects (``where``), from this DuckDB store (``agenttape erase``): values and salts removed, the tapes still verify, a
         signed erasure record written, the file rewritten so no copy remains. The same spans (and any the
         selection picks there) are erased in the copies named: Parquet export folders (``parquet``),
         folder or S3 lakes (``lakes``), receiver WAL folders (``wal``; ``DB.otlpwal`` always) and outbox
@@ -375,7 +375,8 @@ class Tapes:
         from ..erase import erase_file, selection, signer_from, store_path
 
         path = store_path(self.reader)
-        where, params, selector = selection(self.reader, session=session, run=run, trace=trace, before=before)
+        where, params, selector = selection(self.reader, session=session, run=run, trace=trace, before=before,
+                                             where=where)
         signer = signer_from(signing_key)
         self.reader.close()  # a read-only and a read-write connection cannot share a file in one process
         try:
