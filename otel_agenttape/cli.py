@@ -302,6 +302,20 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--db", default=default_db(), help="DuckDB tape store (env AGENTTAPE_DB)")
     p.set_defaults(func=_verb("erase"))
+    p = sub.add_parser("retain", help="drop (or only erase the content of) spans older than --older-than in a "
+                                      "DuckDB store, recorded so verify tells retention from tampering")
+    p.add_argument("--older-than", required=True, metavar="DAYS", help="e.g. 30d: UTC dates before today-30 "
+                   "(the rule of lake retain)")
+    p.add_argument("--content-only", action="store_true",
+                   help="erase their content (a signed erasure record) and keep the spans and their proofs")
+    p.add_argument("--reason", required=True, metavar="TEXT", help="why (written into the record)")
+    p.add_argument("--by", default=None, metavar="WHO", help="who asked (default user@host)")
+    p.add_argument("--signing-key", default=None, metavar="KEY",
+                   help="with --content-only: key file that signs the erasure record (as erase)")
+    p.add_argument("--dry-run", action="store_true", help="print what would go; change nothing")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--db", default=default_db(), help="DuckDB tape store (env AGENTTAPE_DB)")
+    p.set_defaults(func=_verb("retain"))
     p = sub.add_parser("lake", help="maintain a lake: compact, retain, status, migrate")
     what = p.add_subparsers(dest="lake_command", metavar="VERB")
     what.required = True

@@ -240,11 +240,18 @@ _RECORD_INSERT = (
     "scope_name, date) VALUES (?, ?, ?, 1, ?, ?, 0, 0, ?, 0, 0, 0, ?, CAST(make_timestamp(? // 1000) AS DATE))")
 
 
+_PUBLISHED = {"spans": "spans", "span_events": "events", "span_links": "links", "log_records": "logs"}
+
+
 def rewrite(path: str, span_updates: Sequence[tuple] = (), event_updates: Sequence[tuple] = (),
-            record_row: Sequence[Any] | None = None) -> None:
+            record_row: Sequence[Any] | None = None, drop: Mapping[str, str] | None = None,
+            extra_sql: Sequence[Any] = ()) -> None:
     """Write a new DuckDB file from the live rows of ``path`` with the updates applied (``span_updates``:
     ``(trace_id, span_id, attributes)``, ``event_updates``: ``(trace_id, span_id, event_index,
-    attributes)``) and the record row added, checkpoint it and rename it over ``path``.
+    attributes)``) and the record row added, checkpoint it and rename it over ``path``. ``drop``: per
+    table, a condition on its row ``s`` for the rows left out (retention); the lake publisher's rowid
+    cursor (``lake_publications``) is moved down by the rows left out before each position.
+    ``extra_sql``: statements (text, or ``(text, params)``) run on the new file last.
 
     The old file is only read, so an interrupted erasure leaves it as it was; the new one holds no
     freed block and no WAL, so no earlier version of a changed value survives in it."""
@@ -270,20 +277,38 @@ def rewrite(path: str, span_updates: Sequence[tuple] = (), event_updates: Sequen
                 "trace_id": [u[0] for u in event_updates], "span_id": [u[1] for u in event_updates],
                 "event_index": pa.array([u[2] for u in event_updates], pa.int32()),
                 "attributes": [u[3] for u in event_updates]}))
+        drop = {t: c for t, c in (drop or {}).items() if t in tables}
+        for t, cond in drop.items():
+            con.execute(f"CREATE TEMP TABLE {_quote('erase_gone_' + t)} AS SELECT s.rowid AS rid "
+                        f"FROM erase_src.main.{_quote(t)} s WHERE {cond}")
         for t in tables:
             q = _quote(t)
+            keep = f" WHERE NOT ({drop[t]})" if t in drop else ""
             if t == "spans" and span_updates:
                 con.execute(f"INSERT INTO erase_dst.main.{q} SELECT s.* REPLACE (coalesce(u.attributes, "
                             f"s.attributes) AS attributes) FROM erase_src.main.{q} s LEFT JOIN erase_spans u "
-                            "ON s.trace_id = u.trace_id AND s.span_id = u.span_id")
+                            f"ON s.trace_id = u.trace_id AND s.span_id = u.span_id{keep}")
             elif t == "span_events" and event_updates:
                 con.execute(f"INSERT INTO erase_dst.main.{q} SELECT s.* REPLACE (coalesce(u.attributes, "
                             f"s.attributes) AS attributes) FROM erase_src.main.{q} s LEFT JOIN erase_events u "
-                            "ON s.trace_id = u.trace_id AND s.span_id = u.span_id AND s.event_index = u.event_index")
+                            "ON s.trace_id = u.trace_id AND s.span_id = u.span_id AND s.event_index = u.event_index"
+                            f"{keep}")
             else:
-                con.execute(f"INSERT INTO erase_dst.main.{q} SELECT * FROM erase_src.main.{q}")
+                con.execute(f"INSERT INTO erase_dst.main.{q} SELECT s.* FROM erase_src.main.{q} s{keep}")
+        if drop and "lake_publications" in tables:
+            for t in drop:
+                c = _PUBLISHED.get(t)
+                if c is None:
+                    continue
+                gone = _quote("erase_gone_" + t)
+                con.execute(f"UPDATE erase_dst.main.lake_publications SET "
+                            f"{c}_lo = {c}_lo - (SELECT count(*) FROM {gone} WHERE rid < {c}_lo), "
+                            f"{c}_hi = {c}_hi - (SELECT count(*) FROM {gone} WHERE rid < {c}_hi)")
         if record_row is not None:
             con.execute(_RECORD_INSERT, list(record_row))
+        for stmt in extra_sql:
+            text, args = (stmt, None) if isinstance(stmt, str) else stmt
+            con.execute(text, args)
         con.execute("CHECKPOINT erase_dst")
         con.execute("DETACH erase_dst")
         con.execute("DETACH erase_src")

@@ -33,6 +33,7 @@ from otel_agenttape.integrity.verify import (
     parse_notes,
     verify_chain,
 )
+from otel_agenttape.store.retention import retained_ranges, store_records
 from otel_agenttape.tape.sealed_entries import iter_entries
 from otel_agenttape.tape.sealed_rows import row_entry, typed_scalar
 
@@ -164,6 +165,11 @@ def verify_store(
                 expect.append((cid, ep))
     lakes = getattr(reader, "lakes", None)  # a lake reader: what its recorded retention removed
     retained = lakes.retained_ranges() if lakes is not None else None
+    kept = retained_ranges(store_records(reader))  # a DuckDB store's own retention (``agenttape retain``)
+    if kept:
+        retained = dict(retained or {})
+        for k, v in kept.items():
+            retained[k] = [*retained.get(k, []), *v]
     with _gc_paused():  # a million acyclic entries: collections would only re-scan them
         return verify_rows(rows, checkpoints, key_pinned=bool(verifiers), expect=expect, retained=retained,
                            erasures=store_erasures(reader, verifiers))

@@ -17,6 +17,7 @@ from typing import Any
 import duckdb
 
 from otel_agenttape.store import parquet as pqlake
+from otel_agenttape.store import retention
 from otel_agenttape.store.lake import manifest as mf
 from otel_agenttape.store.lake.files import RUN_TRACES, write_or_skip
 from otel_agenttape.store.lake.fs import LakeFS, lake_fs
@@ -123,28 +124,14 @@ def compact(uri: str | LakeFS, target_bytes: int = DEFAULT_TARGET_BYTES, grace_s
             "rows": merged_rows, "deleted": deleted, "generation": snap["generation"]}
 
 
-def _islands(rows: list[tuple[str, int, int, str]]) -> list[list[Any]]:
-    """Runs of consecutive seqs per (chain, epoch): ``[chain_id, epoch, lo, hi, hash of hi]``."""
-    out: list[list[Any]] = []
-    for cid, ep, seq, h in sorted(rows, key=lambda r: (r[0], r[1], r[2])):
-        last = out[-1] if out else None
-        if last and last[0] == cid and last[1] == ep and seq == last[3] + 1:
-            last[3], last[4] = seq, h
-        elif not (last and last[0] == cid and last[1] == ep and seq == last[3]):
-            out.append([cid, ep, seq, seq, h])
-    return out
-
-
 def retain(uri: str | LakeFS, older_than_days: int, grace_seconds: float = DEFAULT_GRACE_SECONDS,
            today: dt.date | None = None) -> dict[str, Any]:
     """Drop every dated partition older than ``older_than_days`` (UTC dates) and record what went:
     the files, their rows, and per sealed tape the seq ranges removed with the hash of each range's last
     entry, so that ``verify`` reports those entries as removed by retention, not as tampered."""
-    if older_than_days < 0:
-        raise ValueError("--older-than must not be negative")
+    cutoff = retention.cutoff(older_than_days, today)  # the store's rule too (``store/retention.py``)
     lake = uri if isinstance(uri, LakeFS) else lake_fs(uri)
     cat = mf.load_catalog(lake)
-    cutoff = (today or dt.datetime.now(dt.timezone.utc).date()) - dt.timedelta(days=older_than_days)
     old = [f for f in cat.files.values() if f.get("date") and dt.date.fromisoformat(f["date"]) < cutoff]
     if not old:
         return {"removed_files": 0, "rows": 0, "before": cutoff.isoformat(), "chains": 0, "deleted": 0}
@@ -158,7 +145,7 @@ def retain(uri: str | LakeFS, older_than_days: int, grace_seconds: float = DEFAU
                           "WHERE chain_id IS NOT NULL AND chain_seq IS NOT NULL").fetchall()
         finally:
             con.close()
-        chains = _islands([(str(c), int(e), int(s), str(h)) for c, e, s, h in got])
+        chains = retention.islands([(str(c), int(e), int(s), str(h)) for c, e, s, h in got])
     record = {"at": mf.now_iso(), "older_than_days": older_than_days, "before": cutoff.isoformat(),
               "files": sorted(f["key"] for f in old), "rows": sum(int(f["rows"]) for f in old), "chains": chains}
     gone = {f["key"] for f in old}

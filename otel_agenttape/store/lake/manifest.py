@@ -86,11 +86,9 @@ class Catalog:
 
     def retained_ranges(self) -> dict[tuple[str, int], list[tuple[int, int, str]]]:
         """Per (chain id, epoch): the seq ranges retention removed, each with the hash of its last entry."""
-        out: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
-        for rec in self.retention:
-            for cid, epoch, lo, hi, head in rec.get("chains", []):
-                out.setdefault((cid, int(epoch)), []).append((int(lo), int(hi), head))
-        return out
+        from otel_agenttape.store.retention import retained_ranges
+
+        return retained_ranges(self.retention)
 
     def receivers(self) -> dict[str, int]:
         """Receiver id -> highest published seq seen (entries and snapshot coverage)."""

@@ -387,6 +387,26 @@ class Tapes:
             self._memo, self._memo_version = {}, None
         return result.to_json()
 
+    def retain(self, *, older_than_days: int, reason: str, content_only: bool = False, signing_key: Any = None,
+               by: str | None = None, dry_run: bool = False, today: Any = None) -> dict[str, Any]:
+        """Apply the retention rule of ``lake retain`` to this DuckDB store (``agenttape retain``): spans
+        dated before UTC today minus ``older_than_days`` are dropped with their events, links and old log
+        records, recorded so ``verify`` reports them as removed by retention; with ``content_only`` their
+        content is erased instead (a signed erasure record; the spans and their proofs stay)."""
+        from ...store.reader import open_duckdb
+        from ...store.retention import retain_duckdb
+        from ..erase import default_by, signer_from, store_path
+
+        path = store_path(self.reader)
+        signer = signer_from(signing_key) if content_only else None
+        self.reader.close()
+        try:
+            return retain_duckdb(path, int(older_than_days), reason=reason, by=by or default_by(), signer=signer,
+                                 content_only=content_only, dry_run=dry_run, today=today)
+        finally:
+            self.reader = open_duckdb(path)
+            self._memo, self._memo_version = {}, None
+
     def resume_index(self, ref: str, **kwargs: Any) -> Any:
         """The run's ``ResumeIndex``: a bare run id reads every trace of that run id (a resumed run goes on
         in a new trace), ``RUN_ID@TRACE_ID`` only that trace."""
