@@ -39,7 +39,9 @@ from otel_agenttape.store.lake import iceberg_catalog as ic
 from otel_agenttape.store.lake import iceberg_files as ifl
 from otel_agenttape.store.lake import manifest as mf
 from otel_agenttape.store.lake.fs import LakeError, lake_fs
-from otel_agenttape.store.lake.maintain import DEFAULT_GRACE_SECONDS, DEFAULT_TARGET_BYTES, _islands
+from otel_agenttape.store.lake.maintain import DEFAULT_GRACE_SECONDS, DEFAULT_TARGET_BYTES
+from otel_agenttape.store.retention import cutoff as retention_cutoff
+from otel_agenttape.store.retention import islands as _islands
 from otel_agenttape.store.lake.read import scan_sql
 
 MIGRATED = "agenttape.migrated"
@@ -318,11 +320,9 @@ def retain(url: str, older_than_days: int, grace_seconds: float = DEFAULT_GRACE_
     snapshot per table, recording on ``spans`` the sealed tape ranges that went."""
     from pyiceberg.expressions import LessThan
 
-    if older_than_days < 0:
-        raise ValueError("--older-than must not be negative")
+    cutoff = retention_cutoff(older_than_days, today)  # one rule for every store (``store/retention.py``)
     catalog, parsed = ic.load(url)
     tables = ic.load_tables(catalog, parsed.namespace)
-    cutoff = (today or dt.datetime.now(dt.timezone.utc).date()) - dt.timedelta(days=older_than_days)
     out: dict[str, Any] = {"removed_files": 0, "rows": 0, "before": cutoff.isoformat(), "chains": 0, "deleted": 0}
     for table, tbl in tables.items():
         if table not in pqlake.PARTITIONED:

@@ -150,8 +150,8 @@ def retain(uri: str | LakeFS, older_than_days: int, grace_seconds: float = DEFAU
               "files": sorted(f["key"] for f in old), "rows": sum(int(f["rows"]) for f in old), "chains": chains}
     gone = {f["key"] for f in old}
     files = {k: f for k, f in cat.files.items() if k not in gone}
-    retention = [*(cat.snapshot or {}).get("retention", []), record]
-    snap, delete = _new_snapshot(cat, files, old, retention, time.time(), grace_seconds)
+    records = [*(cat.snapshot or {}).get("retention", []), record]
+    snap, delete = _new_snapshot(cat, files, old, records, time.time(), grace_seconds)
     deleted = _commit(lake, snap, delete)
     return {"removed_files": len(old), "rows": record["rows"], "before": record["before"], "chains": len(chains),
             "deleted": deleted, "generation": snap["generation"]}
