@@ -33,9 +33,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(out).decode())
         return EXIT_OK
-    verb = "would" if out["dry_run"] else ""
+    verb = bool(out["dry_run"])
     if out["content_only"]:
-        print(f"{verb + ' ' if verb else ''}erased {out['values']} values in {out['spans']} sealed spans dated before "
+        print(f"{'would erase' if verb else 'erased'} {out['values']} values in {out['spans']} sealed spans dated before "
               f"{out['before']}" + (f" (erasure {out['erasure_id']})" if out.get("erasure_id") else ""))
     else:
         print(f"{'would remove' if verb else 'removed'} {out['spans']} spans and {out['log_records']} log records "
