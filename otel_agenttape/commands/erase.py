@@ -53,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
                          if k.endswith(("_rewritten", "_deleted")))
         print(f"  {c['kind']} {c['path']}: {verb} {c['values'] + c['unsealed_values']} values in {c['spans']} "
               "sealed spans" + (f" ({done})" if done else ""))
+    if "writes_paused_seconds" in result:
+        print(f"  erased by the running receiver: its writes waited {result['writes_paused_seconds']:.2f} s "
+              "(requests were acknowledged meanwhile and stored after)")
     if not result["dry_run"] and result["erasure_id"]:
         print(f"  store rewritten in {result['seconds']:.2f} s: no copy left in the file or its WAL"
               + (f"; removed {result['spools_removed']} spool folders of stopped receivers"

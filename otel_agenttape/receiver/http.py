@@ -81,6 +81,7 @@ class HttpContext:
     ingest_threads: int = 32  # threads running the blocking part of exports
     read_threads: int = 4  # threads for /metrics and /api/query
     health: Callable[[], str | None] | None = None  # why /healthz answers 503 (None: healthy)
+    run_erase: Callable[[bytes], tuple[int, str, bytes]] | None = None  # POST /api/erase body -> reply
 
 
 @dataclass
@@ -202,6 +203,38 @@ class _App:
             self.budget.give(reserved)
         await _send(send, scope, _Reply(status, out, content_type))
 
+    async def erase(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """``POST /api/erase``: an erasure in the store while ingest goes on (``TapeServer.erase``). It
+        needs the bearer token; a server without one takes it from a loopback client only."""
+        if await self._over_limit(scope, receive, send):
+            return
+        client = (scope.get("client") or ("",))[0]
+        if not authorized(scope, self.ctx.token) or (not self.ctx.token and client not in ("127.0.0.1", "::1")):
+            await _send(send, scope, _status_reply(HttpError(401, "missing or wrong bearer token"), _reply_media(scope)))
+            return
+        if self.ctx.run_erase is None:
+            await _send(send, scope, _status_reply(HttpError(404, "this server holds no store file to erase in")))
+            return
+        if scope["method"] != "POST":
+            await _send(send, scope, _status_reply(HttpError(405, "use POST for /api/erase")))
+            return
+        try:
+            body, reserved = await read_body(scope, receive, self.limits, self.budget, _QUERY_BODY_LIMIT)
+        except ClientGone:
+            return
+        except HttpError as exc:
+            await _send(send, scope, _Reply(exc.status, orjson.dumps({"error": str(exc)}), JSON,
+                                            {"connection": "close"} if exc.close else {}))
+            return
+        try:
+            status, content_type, out = await asyncio.get_running_loop().run_in_executor(
+                self.reads, self.ctx.run_erase, body)
+        except Exception as exc:  # noqa: BLE001 - report, keep serving
+            status, content_type, out = 500, JSON, orjson.dumps({"error": f"erasure failed: {exc}"})
+        finally:
+            self.budget.give(reserved)
+        await _send(send, scope, _Reply(status, out, content_type))
+
     async def not_found(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or await self._over_limit(scope, receive, send):
             return
@@ -301,6 +334,7 @@ def build_app(ctx: HttpContext, limits: Limits, extra_routes: Sequence[BaseRoute
         Route("/healthz", _Asgi(app.healthz)),
         Route("/metrics", _Asgi(app.metrics)),
         Route("/api/query", _Asgi(app.query)),
+        Route("/api/erase", _Asgi(app.erase)),
     ]
     starlette = Starlette(routes=[*routes, *extra_routes])
     starlette.router.redirect_slashes = False

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,7 @@ class TapeServer:
                 health=self.health,
                 render_metrics=self.render_metrics,
                 run_query=self._handle_query,
+                run_erase=self._handle_erase if self.db is not None else None,
                 limits=self.limits,
             )
             # listen first: while the WAL replays, /healthz says 503 and exports get 503 + Retry-After
@@ -380,6 +382,72 @@ class TapeServer:
         elif status == 400:
             self.metrics.inc("agenttape_queries_refused_total")
         return status, ctype, out
+
+    def erase(self, where: str, params: list[Any], selector: dict[str, Any], *, reason: str, by: str,
+              signing_key: str | None = None, dry_run: bool = False, settle_seconds: float = 5.0) -> dict[str, Any]:
+        """Erase in the store this server holds while it keeps accepting requests (``POST /api/erase``).
+
+        ``where`` (a condition on ``spans``, as ``tape/erase.selection`` builds it) is checked through the
+        read-only SQL guard first. Requests already accepted get up to ``settle_seconds`` to reach the
+        store; then writes wait while the file is rewritten (``Store.exclusive``): requests go on being
+        acknowledged into the WAL and are stored once the file is open again, so none is lost. The WAL
+        then starts a new segment, so the segments holding erased values are deleted once applied."""
+        from otel_agenttape.integrity.note import Signer
+        from otel_agenttape.store.erasure import erase_duckdb
+        from otel_agenttape.store.reader import QueryError
+        from otel_agenttape.store.sql import run_readonly_sql
+
+        store, pipeline = self.store, self.pipeline
+        if store is None or pipeline is None or not getattr(store, "path", None):
+            raise ValueError("this server holds no store file to erase in")
+        reader = self._reader()
+        try:
+            run_readonly_sql(reader, f"SELECT count(*) FROM spans WHERE ({where})", params)
+        except QueryError as exc:
+            raise ValueError(f"erasure selection refused: {exc}") from None
+        finally:
+            reader.close()
+        key = signing_key or os.environ.get("AGENTTAPE_SIGNING_KEY")
+        signer = Signer.parse(key) if key else Signer.generate("agenttape.ephemeral")
+        t0 = time.monotonic()
+        settled = pipeline.wait_idle(settle_seconds)
+        publisher = self.publisher
+        held = getattr(publisher, "_lock", None)
+        if held is not None:
+            held.acquire()  # its cursor is on the connection that is closed for the rewrite
+        try:
+            paused = time.monotonic()
+            result = store.exclusive(lambda path: erase_duckdb(
+                path, where, params, reason=reason, by=by, selector=selector, signer=signer, dry_run=dry_run))
+            paused = time.monotonic() - paused
+            if publisher is not None:
+                publisher._con = store.cursor()  # noqa: SLF001 - the publisher's one cursor, renewed
+        finally:
+            if held is not None:
+                held.release()
+        if not dry_run and result.erasure_id and self.wal is not None:
+            self.wal.rotate()
+        out = result.to_json()
+        out.update({"writes_paused_seconds": round(paused, 3), "settled": settled,
+                    "total_seconds": round(time.monotonic() - t0, 3)})
+        self.metrics.inc("agenttape_erasures_total")
+        return out
+
+    def _handle_erase(self, body: bytes) -> tuple[int, str, bytes]:
+        import orjson
+
+        try:
+            req = orjson.loads(body)
+            if not isinstance(req, dict) or not isinstance(req.get("where"), str):
+                raise ValueError("the body is a JSON object with where, params, selector, reason")
+            if not str(req.get("reason") or "").strip():
+                raise ValueError("an erasure needs a reason")
+            out = self.erase(req["where"], list(req.get("params") or []), dict(req.get("selector") or {}),
+                             reason=str(req["reason"]), by=str(req.get("by") or "unknown"),
+                             signing_key=req.get("signing_key"), dry_run=bool(req.get("dry_run")))
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            return 400, "application/json", orjson.dumps({"error": str(exc)})
+        return 200, "application/json", orjson.dumps(out)
 
     def _internal_query(self, sql: str) -> Any:
         reader = self._reader()

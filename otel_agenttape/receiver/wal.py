@@ -84,6 +84,7 @@ class WriteAheadLog:
         self._failed: dict[int, BaseException] = {}  # seq -> why its write failed, until append reports it
         self._done_seq = 0  # every record with seq <= this was written or failed
         self._closed = False
+        self._rotate_asked = False  # ``rotate()``: the flusher starts a new segment at its next turn
         self.write_errors = 0
         self.fsyncs = 0
         self.bytes_written = 0
@@ -186,6 +187,16 @@ class WriteAheadLog:
         while True:
             with self._lock:
                 while not self._pending and not self._closed:
+                    if self._rotate_asked:
+                        self._rotate_asked = False
+                        self._lock.release()
+                        try:
+                            if self._rotate(self._durable_seq):
+                                self._collect()
+                        finally:
+                            self._lock.acquire()
+                        self._flushed.notify_all()
+                        continue
                     if self._error is not None:
                         self._lock.release()
                         try:
@@ -225,8 +236,13 @@ class WriteAheadLog:
                 self._durable_seq = self._done_seq = last_seq
                 self._error = None
                 self._flushed.notify_all()
-            if self._seg_size >= self.segment_bytes and self._rotate(last_seq):
+            with self._lock:
+                asked, self._rotate_asked = self._rotate_asked, False
+            if (asked or self._seg_size >= self.segment_bytes) and self._rotate(last_seq):
                 self._collect()
+            if asked:
+                with self._lock:
+                    self._flushed.notify_all()
 
     def _rotate(self, last_seq: int) -> bool:
         """Continue in a new segment; the old one (records up to ``last_seq``) is deleted once applied.
@@ -244,6 +260,17 @@ class WriteAheadLog:
         self._seg_no += 1
         self._seg_size = 0
         return True
+
+    def rotate(self, timeout: float = 10.0) -> bool:
+        """Continue in a new segment, so the current one is deleted as soon as its records are in the
+        store (an erasure: no segment keeps a value the store no longer holds). Waits for the flusher."""
+        with self._lock:
+            if self._closed:
+                return False
+            start = self._seg_no
+            self._rotate_asked = True
+            self._work.notify()
+            return self._flushed.wait_for(lambda: self._seg_no != start or self._closed, timeout)
 
     def mark_applied(self, seqs: list[int]) -> None:
         """These records are in the store: delete segments that hold nothing still unapplied."""

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import numpy as np
@@ -33,6 +33,8 @@ from otel_agenttape.store import rows, schema
 from otel_agenttape.store.ddl import INDEX_ROW_SQL, RUN_HASH_OF_PARAM, create_schema
 from otel_agenttape.store.keyfilter import KeyFilter
 from otel_agenttape.store.readers import ConnectionReader, StoreOpenError, open_error_message
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -383,6 +385,23 @@ class Store:
             self._rows = self._row_counts()
         except Exception:  # noqa: BLE001 - the connection itself failed; the next write reports it
             pass
+
+    def exclusive(self, fn: Callable[[str], T]) -> T:
+        """Run ``fn(path)`` with the file closed and every write waiting, then open it again: how an
+        erasure rewrites the file of a running receiver. Writes block for as long as ``fn`` runs (the
+        receiver keeps accepting requests into its WAL meanwhile); a read started then fails and is
+        retried by its client."""
+        if not self.path:
+            raise ValueError("an in-memory store has no file to rewrite")
+        with self._lock:
+            self.con.close()
+            try:
+                return fn(self.path)
+            finally:
+                self.con = duckdb.connect(self.path, config=self._config)
+                self._writing = False
+                self._checkpoint_at_once = False
+                self._reload_filters()
 
     # -- reads on the writer's database (same process) ------------------------------------------
     def cursor(self) -> duckdb.DuckDBPyConnection:

@@ -94,12 +94,49 @@ def signer_from(key: Signer | str | os.PathLike[str] | None) -> Signer:
     return Signer.parse(text)
 
 
+def held_by_server(reader: Reader) -> bool:
+    """Whether the reader reads a store file through the running receiver that holds it."""
+    return getattr(reader, "kind", None) == "server" and " via " in str(getattr(reader, "description", "") or "")
+
+
+def erase_via_server(reader: Any, where: str, params: list[Any], selector: dict[str, Any], *, reason: str,
+                     signing_key: Any = None, by: str | None = None, dry_run: bool = False) -> dict[str, Any]:
+    """Ask the receiver that holds the store to erase (``POST /api/erase``): it keeps ingesting, its
+    writes wait only while the file is rewritten. The record is signed with ``signing_key`` when one is
+    given (sent to the receiver over its authenticated endpoint), else with the receiver's own key."""
+    import urllib.error
+    import urllib.request
+
+    import orjson
+
+    key = None
+    if signing_key is not None:
+        key = signer_from(signing_key).skey()
+    body = orjson.dumps({"where": where, "params": params, "selector": selector, "reason": reason,
+                         "by": by or default_by(), "signing_key": key, "dry_run": dry_run})
+    headers = {"Content-Type": "application/json"}
+    if getattr(reader, "token", None):
+        headers["Authorization"] = f"Bearer {reader.token}"
+    req = urllib.request.Request(f"{reader.url}/api/erase", data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=600) as resp:  # noqa: S310 - the receiver's own URL
+            return orjson.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            message = orjson.loads(exc.read()).get("error") or str(exc)
+        except (ValueError, AttributeError):
+            message = str(exc)
+        raise StoreError(f"the receiver at {reader.url} refused the erasure: {message}") from None
+    except OSError as exc:
+        raise StoreError(f"cannot reach the receiver at {reader.url}: {exc}") from None
+
+
 def store_path(reader: Reader) -> str:
     """The DuckDB file a reader reads; erasure works on nothing else."""
     path = str(getattr(reader, "description", "") or "")
-    if getattr(reader, "kind", None) == "server" and " via " in path:
+    if held_by_server(reader):
         raise StoreError(f"{path.split(' via ')[0]} is held by a running receiver ({path.split(' via ')[1]}): "
-                         "erasing while it ingests is not supported yet; stop it, then erase")
+                         "stop it for the moment this runs")
     if getattr(reader, "kind", None) != "duckdb" or not os.path.isfile(path):
         raise StoreError("erasure works on a DuckDB store file, and with it on its copies (name them: "
                          "--parquet DIR, --lake DIR|s3://..., --wal DIR, --outbox DIR)")

@@ -370,10 +370,19 @@ class Tapes:
         selection picks there) are erased in the copies named: Parquet export folders (``parquet``),
         folder or S3 lakes (``lakes``), receiver WAL folders (``wal``; ``DB.otlpwal`` always) and outbox
         folders (``outbox``), under the same record. Returns the counts, per copy under ``copies``
-        (``dry_run``: what would be erased, nothing changed)."""
+        (``dry_run``: what would be erased, nothing changed). A store a running receiver holds is erased
+        by that receiver (``POST /api/erase``) while it keeps ingesting."""
         from ...store.reader import open_duckdb
-        from ..erase import erase_file, selection, signer_from, store_path
+        from ..erase import erase_file, erase_via_server, held_by_server, selection, signer_from, store_path
 
+        if held_by_server(self.reader):  # a running receiver holds the file: it erases while it ingests
+            if parquet or lakes or wal or outbox:
+                raise ValueError("copies are erased with the receiver stopped; erase the store first, then "
+                                 "each copy with the receiver stopped")
+            cond, params, selector = selection(self.reader, session=session, run=run, trace=trace, before=before,
+                                               where=where)
+            return erase_via_server(self.reader, cond, params, selector, reason=reason, signing_key=signing_key,
+                                    by=by, dry_run=dry_run)
         path = store_path(self.reader)
         where, params, selector = selection(self.reader, session=session, run=run, trace=trace, before=before,
                                              where=where)
