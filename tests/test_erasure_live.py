@@ -4,6 +4,7 @@ acknowledged before or during the erasure is in the store afterwards; the tapes 
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import threading
 import time
@@ -94,8 +95,11 @@ def live(tmp_path_factory):
             time.sleep(0.1)  # the rotated segment goes once the records after it are stored
         wal_bytes = b"".join(p.read_bytes() for p in server.wal_dir.glob("*") if p.is_file())
         bad_token = _post(server.url, b"{}", "/api/erase", token="wrong", ctype="application/json")
+        with otel_agenttape.open(db) as tapes:  # retention of content is an erasure: through the server too
+            kept = tapes.retain(older_than_days=1, reason="no content kept", content_only=True, signing_key=KEY,
+                                dry_run=True, today=dt.date.today() + dt.timedelta(days=2))
         yield {"result": result, "acked": acked, "stored": stored, "reports": reports, "during": during,
-               "wal_bytes": wal_bytes, "refused": refused, "bad_token": bad_token, "db": db}
+               "wal_bytes": wal_bytes, "refused": refused, "bad_token": bad_token, "db": db, "kept": kept}
     finally:
         server.stop()
 
@@ -120,3 +124,9 @@ def test_the_tapes_verify_and_no_copy_is_left_in_the_receiver_wal(live) -> None:
 
 def test_the_erase_endpoint_needs_the_token(live) -> None:
     assert live["bad_token"] == 401
+
+
+def test_retain_content_only_goes_through_the_running_receiver(live) -> None:
+    kept = live["kept"]
+    # everything is dated today, before the cutoff: what is left to erase is b1's (s1's went before)
+    assert kept["dry_run"] and kept["content_only"] and (kept["spans"], kept["values"]) == (3, 9)

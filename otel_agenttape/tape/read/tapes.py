@@ -403,9 +403,15 @@ class Tapes:
         records, recorded so ``verify`` reports them as removed by retention; with ``content_only`` their
         content is erased instead (a signed erasure record; the spans and their proofs stay)."""
         from ...store.reader import open_duckdb
-        from ...store.retention import retain_duckdb
-        from ..erase import default_by, signer_from, store_path
+        from ...store.retention import cutoff, retain_duckdb
+        from ..erase import default_by, erase_via_server, held_by_server, signer_from, store_path
 
+        if content_only and held_by_server(self.reader):  # an erasure: the running receiver does it
+            day = cutoff(int(older_than_days), today).isoformat()
+            out = erase_via_server(self.reader, "date < CAST(? AS DATE)", [day],
+                                   {"retain_older_than_days": int(older_than_days), "before": day}, reason=reason,
+                                   signing_key=signing_key, by=by, dry_run=dry_run)
+            return {"before": day, "older_than_days": int(older_than_days), "content_only": True, **out}
         path = store_path(self.reader)
         signer = signer_from(signing_key) if content_only else None
         self.reader.close()
