@@ -24,7 +24,6 @@ import time
 
 import duckdb
 import orjson
-import pyarrow as pa
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
@@ -33,18 +32,18 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from otel_agenttape import semconv
-from otel_agenttape.codec.typed import attrs_from_python
 from otel_agenttape.capture import sealing_fast as sealing_module
 from otel_agenttape.capture.sealing import SealingSpanProcessor
-from otel_agenttape.integrity import Chain, Signer, leaf_from_sdk, sign_note
+from otel_agenttape.integrity import Signer, leaf_from_sdk, sign_note
 from otel_agenttape.integrity import chain as chain_module
 from otel_agenttape.integrity import leaf_fast as leaf_module
 from otel_agenttape.integrity.checkpoint import Checkpoint
-from otel_agenttape.store import rows as store_rows
 from otel_agenttape.store.reader import open_reader
 from otel_agenttape.store.writer import Store
-from otel_agenttape.tape.sealed_rows import row_leaf
 from otel_agenttape.tape.verification import verify_store
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tape_rows import insert_rows, span_rows  # noqa: E402
 
 
 class NullExporter(SpanExporter):
@@ -142,54 +141,27 @@ def native_status() -> str:
 def write_tape(path: str, n: int, key: Signer) -> tuple[str, float]:
     """A sealed tape of n spans written straight into the store's tables (rows as the store keeps them)."""
     Store(path).close()  # schema
-    chain = Chain("bench-tape")
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-    cols = store_rows.SCHEMAS["spans"].names
     con = duckdb.connect(path)
     t0 = time.perf_counter()
-    batch = 100_000
-    base_attrs = {
-        semconv.GEN_AI_OPERATION_NAME: "execute_tool", semconv.GEN_AI_TOOL_NAME: "search",
-        semconv.GEN_AI_TOOL_CALL_ARGUMENTS: '{"q":"weather in Paris"}', semconv.GEN_AI_TOOL_CALL_RESULT: '{"t":21.5}',
-        semconv.RUN_ID: "bench-tape", semconv.NODE_TYPE: "tool", "ratio": 0.25,
-    }
-    for start in range(0, n, batch):
-        data: dict[str, list] = {c: [] for c in cols}
-        for i in range(start, min(n, start + batch)):
-            typed = attrs_from_python({**base_attrs, semconv.STEP: i, semconv.GEN_AI_TOOL_CALL_ID: f"call_{i}"})
-            row = {
-                "trace_id": trace_id, "span_id": f"{i + 1:016x}", "parent_span_id": "0000000000000001",
-                "trace_state": None, "flags": 256, "name": "execute_tool search", "kind": 1,
-                "start_time_unix_nano": 1_764_450_000_000_000_000 + i * 1000,
-                "end_time_unix_nano": 1_764_450_000_000_000_000 + i * 1000 + 500,
-                "status_code": 0, "status_message": None, "attributes": typed,
-                "dropped_attributes_count": 0, "dropped_events_count": 0, "dropped_links_count": 0,
-            }
-            link = chain.append(row_leaf(row))
-            typed.update(attrs_from_python({
-                semconv.CHAIN_ID: link.chain_id, semconv.CHAIN_SEQ: link.seq, semconv.CHAIN_PREV: link.prev,
-                semconv.CHAIN_HASH: link.hash, semconv.CHAIN_EPOCH: 0,
-            }))
-            row.update(
-                attributes=orjson.dumps(dict(sorted(typed.items()))).decode(), duration_ms=0.0005,
-                chain_id=link.chain_id, chain_seq=link.seq, chain_prev=link.prev, chain_hash=link.hash,
-                chain_epoch=0, run_id="bench-tape", step=i, node_type="tool", tool_name="search",
-                operation_name="execute_tool", date=None,
-            )
-            for c in cols:
-                data[c].append(row.get(c))
-        data["date"] = [None] * len(data["trace_id"])
-        tbl = pa.table({c: data[c] for c in cols if c != "date"})
-        con.register("batch_tbl", tbl)
-        con.execute(f"INSERT INTO spans SELECT {', '.join(c for c in cols if c != 'date')}, "
-                    f"CAST(make_timestamp(start_time_unix_nano // 1000) AS DATE) FROM batch_tbl")
-        con.unregister("batch_tbl")
+    chain = None
+    for start in range(0, n, 100_000):
+        rows, chain = span_rows(min(100_000, n - start), trace_id, "bench-tape", False, start_index=start,
+                                chain=chain, base=SHORT_TOOL_ATTRS)
+        insert_rows(con, rows)
     note = sign_note(Checkpoint(chain.origin, chain.size, chain.root(), (f"chain {chain.head}",)).body(), [key])
     cp_file = path + ".checkpoints.jsonl"
     with open(cp_file, "wb") as fh:
         fh.write(orjson.dumps({"chain_id": "bench-tape", "epoch": 0, "size": chain.size, "note": note}) + b"\n")
     con.close()
     return cp_file, time.perf_counter() - t0
+
+
+SHORT_TOOL_ATTRS = {
+    semconv.GEN_AI_OPERATION_NAME: "execute_tool", semconv.GEN_AI_TOOL_NAME: "search",
+    semconv.GEN_AI_TOOL_CALL_ARGUMENTS: '{"q":"weather in Paris"}', semconv.GEN_AI_TOOL_CALL_RESULT: '{"t":21.5}',
+    semconv.NODE_TYPE: "tool", "ratio": 0.25,
+}
 
 
 def bench_verify(n: int, db: str | None) -> float:
