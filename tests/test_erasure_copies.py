@@ -163,3 +163,19 @@ def test_cli_names_the_copies_and_refuses_a_missing_one(copies, tmp_path) -> Non
     assert KEPT.encode() not in _all_bytes(export)
     missing = cli("--run", "b1", "--reason", "asked", "--outbox", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no outbox at" in missing.stderr
+
+
+def test_an_outbox_lane_a_live_process_holds_is_refused_before_anything_changes(copies, tmp_path) -> None:
+    db = str(tmp_path / "held.duckdb")
+    shutil.copy(copies["db"], db)
+    box = tmp_path / "outbox"
+    lane, _ = outboxfile.open_lane(box)  # held (flock) by this process, as a running agent holds its lane
+    try:
+        lane.append(outboxfile.KIND_TRACES, 13, copies["payload"])
+        with otel_agenttape.open(db) as tapes:
+            with pytest.raises(Exception, match="held by a running process"):
+                tapes.erase(run="b1", reason="asked", signing_key=KEY, outbox=[str(box)])
+        assert KEPT.encode() in _all_bytes(box)
+        assert _reports(db)["b1"].erased_values == 0  # the store was not touched either
+    finally:
+        lane.close()
