@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -75,8 +76,6 @@ def _replace_attributes(t: pa.Table, table: str, p: Plan) -> pa.Table | None:
         new = [p.events.get((a, b, i)) for a, b, i in zip(tids, sids, t.column("event_index").to_pylist())]
     if not any(n is not None for n in new):
         return None
-    import orjson
-
     i = t.schema.get_field_index("attributes")
     col = t.column(i)
     storage_type = col.type.storage_type if isinstance(col.type, pa.ExtensionType) else col.type

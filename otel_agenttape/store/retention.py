@@ -20,7 +20,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import duckdb
 import orjson
 
 from otel_agenttape import semconv
