@@ -179,3 +179,25 @@ def test_an_outbox_lane_a_live_process_holds_is_refused_before_anything_changes(
         assert _reports(db)["b1"].erased_values == 0  # the store was not touched either
     finally:
         lane.close()
+
+
+def test_an_iceberg_lake_is_rewritten_and_its_old_files_deleted(copies, tmp_path) -> None:
+    pytest.importorskip("pyiceberg")
+    from otel_agenttape.store.lake.iceberg_publish import IcebergPublisher
+
+    url = f"iceberg+sql://{tmp_path}/catalog.db#tapes"
+    db = str(tmp_path / "ice.duckdb")
+    store = Store(db)
+    store.write_traces([copies["payload"]])
+    IcebergPublisher(store, url, "r0").publish_all()
+    store.close()
+    assert SECRET.encode() in _all_bytes(tmp_path)
+    with otel_agenttape.open(db) as tapes:
+        done = tapes.erase(session="s1", reason="GDPR art. 17 request #8", signing_key=KEY, lakes=[url])
+    (ice,) = done["copies"]
+    assert ice["kind"] == "iceberg" and ice["values"] == 18 and ice["files_rewritten"] >= 2, ice
+    everything = _all_bytes(tmp_path)
+    assert SECRET.encode() not in everything and KEPT.encode() in everything
+    reports = _reports(url)
+    assert all(r.valid for r in reports.values()), {k: r.reason for k, r in reports.items()}
+    assert reports["a1"].erased_values == 9 and [e["id"] for e in reports["a1"].erasures] == [done["erasure_id"]]

@@ -210,6 +210,42 @@ class LakeCopy(_Copy):
                 "manifest": mf.snapshot_key(snap["generation"])}
 
 
+class IcebergCopy(_Copy):
+    """An Iceberg lake (``iceberg+...``): the changed files rewritten in one overwrite snapshot per table,
+    the replaced files deleted and the older snapshots expired at once (``iceberg_maintain.erase_files``)."""
+
+    kind = "iceberg"
+
+    def plan(self, where: str, params: Sequence[Any], also: Sequence[tuple[str, str]], result: EraseResult) -> Plan:
+        import pyarrow.dataset as ds
+
+        from otel_agenttape.store.lake import iceberg_catalog as ic
+        from otel_agenttape.store.lake.iceberg_maintain import erase_datasets
+        from otel_agenttape.store.lake.iceberg_read import _key
+
+        self.datasets = erase_datasets(self.path)
+        if "spans" not in self.datasets or not self.datasets["spans"][2]:
+            return Plan()
+        con = duckdb.connect(":memory:")
+        try:
+            for table in ("spans", "span_events"):
+                if table in self.datasets and self.datasets[table][2]:
+                    _, fs, files = self.datasets[table]
+                    con.register(table, ds.dataset([_key(fs, f.file_path) for f in files], filesystem=fs.fs,
+                                                   format="parquet", schema=ic.arrow_schema(table)))
+                else:
+                    con.execute("CREATE VIEW span_events AS SELECT '' AS trace_id, '' AS span_id, 0 AS event_index, "
+                                "'{}' AS attributes WHERE false")
+            return plan(con, where, params, result, also)
+        finally:
+            con.close()
+
+    def apply(self, p: Plan, record: pa.Table) -> dict[str, Any]:
+        from otel_agenttape.store.lake.iceberg_maintain import erase_files
+
+        return erase_files(self.datasets, lambda table, t: _replace_attributes(t, table, p), record)
+
+
 # --- OTLP request logs (WAL, outbox) ---------------------------------------------------------------
 
 
@@ -381,9 +417,7 @@ def copies_for(parquet: Iterable[str] = (), lakes: Iterable[str] = (), wal: Iter
             raise StoreError(f"no Parquet export at {path}")
         out.append(ParquetCopy(path))
     for uri in lakes:
-        if str(uri).startswith("iceberg+"):
-            raise StoreError(f"{uri}: erasure in an Iceberg lake is not supported yet")
-        out.append(LakeCopy(uri))
+        out.append(IcebergCopy(uri) if str(uri).startswith("iceberg+") else LakeCopy(uri))
     for path in wal:
         if not os.path.isdir(path):
             raise StoreError(f"no write-ahead log at {path}")

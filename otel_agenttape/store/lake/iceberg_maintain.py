@@ -33,6 +33,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from otel_agenttape.store import parquet as pqlake
 from otel_agenttape.store.lake import iceberg_catalog as ic
@@ -368,4 +369,71 @@ def status(url: str) -> dict[str, Any]:
                                 "snapshots": len(tbl.metadata.snapshots), "metadata": tbl.metadata_location}
         for r, s in ifl.coverage(tbl).items():
             out["receivers"][r] = max(out["receivers"].get(r, 0), s)
+    return out
+
+
+def erase_datasets(url: str) -> dict[str, tuple[Any, Any, list[Any]]]:
+    """``{table: (Iceberg table, file system, live data files)}`` of ``spans`` and ``span_events``: what an
+    erasure plans over (``store/erasure_copies.py``)."""
+    catalog, parsed = ic.load(url)
+    tables = ic.load_tables(catalog, parsed.namespace)
+    out = {}
+    for table in ("spans", "span_events"):
+        tbl = tables.get(table)
+        if tbl is None:
+            continue
+        _maintainable(tbl)
+        fs, _ = ifl.location_fs(tbl.location())
+        out[table] = (tbl, fs, _live(tbl))
+    return out
+
+
+def erase_files(datasets: dict[str, tuple[Any, Any, list[Any]]], rewrite: Any, record: pa.Table | None,
+                level: int = pqlake.ZSTD_LEVEL_EXPORT) -> dict[str, Any]:
+    """An erasure in an Iceberg lake: each live file ``rewrite(table, rows)`` changes (it returns the new rows,
+    or None) is written again as a new file, and the record's rows are added, in one overwrite snapshot per
+    table (``agenttape.operation = erase``); then the replaced files are deleted and the older snapshots
+    expired at once (no grace period: an erasure cannot wait for readers)."""
+    from otel_agenttape.store.lake.iceberg_read import _key
+
+    out: dict[str, Any] = {"files_rewritten": 0, "files_deleted": 0, "expired_snapshots": 0}
+    stamp = time.time_ns()
+    for table, (tbl, fs, files) in datasets.items():
+        adds: list[Any] = []
+        removes: list[Any] = []
+        hashes: dict[str, str] = {}
+        for f in files:
+            with fs.fs.open_input_file(_key(fs, f.file_path)) as fh:
+                t = rewrite(table, pq.read_table(fh))
+            if t is None:
+                continue
+            part = tuple(f.partition) or None
+            key = ifl.file_key(part, f"erased-{stamp}-{len(adds):04d}.parquet")
+            df, digest = ifl.write_data_file(tbl, fs, key, table, t, part, level)
+            adds.append(df)
+            hashes[key] = digest
+            removes.append(f)
+        if table == "spans" and record is not None and record.num_rows:
+            for part, rows in ifl.split(table, record, True):
+                key = ifl.file_key(part, f"erasure-{stamp}.parquet")
+                df, digest = ifl.write_data_file(tbl, fs, key, table, rows, part, level)
+                adds.append(df)
+                hashes[key] = digest
+        if not adds:
+            continue
+        props = {ifl.KIND: "erase", ifl.HASHES: _json(hashes), ifl.COVERS: _json(ifl.coverage(tbl)),
+                 REMOVED: _json(sorted(f.file_path for f in removes))}
+
+        def work(tx: Any, adds: list[Any] = adds, removes: list[Any] = removes, props: dict[str, str] = props) -> None:
+            with tx.update_snapshot(snapshot_properties=props).overwrite() as ow:
+                for f in removes:
+                    ow.delete_data_file(f)
+                for f in adds:
+                    ow.append_data_file(f)
+
+        ifl.commit(tbl, work)
+        out["files_rewritten"] += len(removes)
+        d, e = _expire(tbl, fs, 0.0)
+        out["files_deleted"] += d
+        out["expired_snapshots"] += e
     return out
