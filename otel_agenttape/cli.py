@@ -294,7 +294,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parquet", action="append", default=[], dest="copy_parquet", metavar="DIR",
                    help="also erase in this Parquet export (export parquet, serve --parquet-dir); repeatable")
     p.add_argument("--lake", action="append", default=[], dest="copy_lake", metavar="DIR|s3://...",
-                   help="also erase in this lake, folder, S3 or iceberg+... (a new snapshot; the old files deleted); repeatable")
+                   help="also erase in this lake: folder, s3:// or iceberg+... (a new snapshot; the old files "
+                        "deleted); repeatable")
     p.add_argument("--wal", action="append", default=[], dest="copy_wal", metavar="DIR",
                    help="also erase in this receiver write-ahead log (DB.otlpwal is always included); repeatable")
     p.add_argument("--outbox", action="append", default=[], dest="copy_outbox", metavar="DIR",
