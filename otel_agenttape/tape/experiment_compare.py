@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .experiment import ExperimentError, experiment_refs, latest_per_node
-from .model import Node, Run
+from .model import Node, Run, Usage
 from .rebuild import iter_runs
 
 Evaluator = Callable[[Node], "float | None"]
@@ -183,13 +183,29 @@ class Comparison:
                 "runs": [p.to_json() for p in self.pairs]}
 
 
+def _tree_runs(run: Run) -> list[Run]:
+    out, stack, seen = [], [run], set()
+    while stack:
+        r = stack.pop()
+        if id(r) not in seen:
+            seen.add(id(r))
+            out.append(r)
+            stack.extend(r.children)
+    return out
+
+
 def _run_as_node(run: Run) -> Node:
-    """A whole run seen as one answer (program-level experiments): its output, every tool call it asked
-    for, its tokens and its duration."""
-    asked = [m for n in run.model_nodes for m in n.output_messages if m.tool_calls]
+    """A whole run seen as one answer (program-level experiments): its output, every tool call asked for
+    in it and the runs below it (a program's agents are the experiment run's children), their tokens,
+    its duration."""
+    models = sorted((n for r in _tree_runs(run) for n in r.model_nodes), key=lambda n: (n.start_ns, n.span_id))
+    asked = [m for n in models for m in n.output_messages if m.tool_calls]
+    usage = Usage()
+    for n in models:
+        usage.add(n.usage)
     return Node("model", run.trace_id, run.span_id or "", None, run.agent or "", run.start_ns, run.end_ns,
-                run.status, output_text=run.output, output_messages=asked, usage=run.usage,
-                model=run.models[-1] if run.models else None)
+                run.status, output_text=run.output, output_messages=asked, usage=usage,
+                model=next((n.model for n in reversed(models) if n.model), None) or (run.models[-1] if run.models else None))
 
 
 def _node_of(run: Run | None, span_id: str | None) -> Node | None:
@@ -222,16 +238,19 @@ def compare(tapes: Any, name: str, *, baseline: str = "original", evals: Sequenc
     if not mine:
         raise ExperimentError(f"no experiment named {name!r}")
     latest = latest_per_node(mine.items())
-    runs = {r.ref: r for r in iter_runs(tapes.reader, list(latest.values()))}
+    program = any(node == "" for _, node in latest)  # whole runs compared: read the runs below each one too
+    runs = {r.ref: r for r in iter_runs(tapes.reader, list(latest.values()), children=program)}
     if baseline == "original":
-        originals = {r.ref: r for r in iter_runs(tapes.reader, sorted({of for of, _ in latest if "@" in of}))}
+        originals = {r.ref: r for r in iter_runs(tapes.reader, sorted({of for of, _ in latest if "@" in of}),
+                                                 children=program)}
         base_of = {k: (k[0], _node_of(originals.get(k[0]), k[1])) for k in latest}
     else:
         theirs = experiment_refs(tapes, baseline)
         if not theirs:
             raise ExperimentError(f"no experiment named {baseline!r} to compare with")
         other = latest_per_node(theirs.items())
-        other_runs = {r.ref: r for r in iter_runs(tapes.reader, [other[k] for k in latest if k in other])}
+        other_runs = {r.ref: r for r in iter_runs(tapes.reader, [other[k] for k in latest if k in other],
+                                                  children=program)}
         base_of = {k: (other.get(k), _node_of(other_runs.get(other.get(k, "")), "" if k[1] == "" else None))
                    for k in latest}
     pairs = []

@@ -467,8 +467,11 @@ def run_span_keys(reader: Reader, ref: str) -> list[tuple[str, str]]:
     return sorted({s.key for s in parts.all_spans})
 
 
-def iter_runs(reader: Reader, refs: Sequence[str], batch_traces: int = 200) -> Iterator[Run]:
-    """Rebuild many runs (``RUN_ID@TRACE_ID`` refs, as ``runs`` lists them), loading traces in batches."""
+def iter_runs(reader: Reader, refs: Sequence[str], batch_traces: int = 200, *,
+              children: bool = False) -> Iterator[Run]:
+    """Rebuild many runs (``RUN_ID@TRACE_ID`` refs, as ``runs`` lists them), loading traces in batches.
+    ``children``: each run's ``children`` holds the runs below it in its own trace (a whole program's
+    runs, without the queries ``reconstruct_tree`` spends on runs continued in other traces)."""
     from .load import trace_windows
 
     wanted = [split_ref(r) for r in refs]
@@ -476,6 +479,18 @@ def iter_runs(reader: Reader, refs: Sequence[str], batch_traces: int = 200) -> I
         batch = wanted[lo: lo + batch_traces]
         traces = sorted({t for _, t in batch if t})
         index = _Index(_load(reader, trace_windows(reader, traces), links=False))
+        if not children:
+            for key, trace in batch:
+                if (key, trace or key) in index.runs:
+                    yield index.build((key, trace or key))
+            continue
+        built = {k: index.build(k) for k in index.runs}
+        below: dict[Key, list[Run]] = {}
+        for k, run in sorted(built.items(), key=lambda kv: kv[1].start_ns):
+            if run.parent_run_id and (run.parent_run_id, k[1]) in built:
+                below.setdefault((run.parent_run_id, k[1]), []).append(run)
+        for run in built.values():
+            run.children = list(below.get((run.run_id, run.trace_id), []))
         for key, trace in batch:
-            if (key, trace or key) in index.runs:
-                yield index.build((key, trace or key))
+            if (key, trace or key) in built:
+                yield built[(key, trace or key)]
