@@ -310,14 +310,32 @@ def check_gates(summary: dict[str, Any], gates: Sequence[str]) -> list[GateResul
     return out
 
 
-def experiment_overview(tapes: Any) -> list[dict[str, Any]]:
+def experiment_overview(tapes: Any, cache: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every experiment (``experiment_list``'s row) with its comparison summary against the originals:
-    what the console's Experiments page lists."""
+    what the console's Experiments page lists.
+
+    With ``cache`` (the Tapes' own), an experiment is compared again only when its runs changed: the
+    summary is kept under the count of its runs and their first and last start (a rerun adds runs, the
+    store never changes one) and the prices it was priced at; one query lists them all, so a page over
+    unchanged experiments costs that query alone."""
     from .experiment import experiment_list
 
     out = []
-    for row in experiment_list(tapes):
-        out.append({**row, "summary": compare(tapes, row["name"]).summary()})
+    prices = getattr(tapes, "prices", None)
+    rows = experiment_list(tapes)
+    for row in rows:
+        key = (row["runs"], row["first_ns"], row["last_ns"], row["originals"])
+        hit = cache.get(row["name"]) if cache is not None else None
+        if hit is not None and hit[0] == key and hit[1] is prices:
+            summary = hit[2]
+        else:
+            summary = compare(tapes, row["name"]).summary()
+            if cache is not None:
+                cache[row["name"]] = (key, prices, summary)
+        out.append({**row, "summary": dict(summary)})
+    if cache is not None:
+        for gone in set(cache) - {r["name"] for r in rows}:
+            del cache[gone]
     return out
 
 
