@@ -79,7 +79,7 @@ def test_cli_sends_claude_the_converted_prompt_and_compare_reads_its_answers(env
                                       "content": '{"city":"Paris","temp":57}'}]}]
 
     with otel_agenttape.open(env["db"]) as tapes:
-        cmp = tapes.compare("claude")
+        cmp = tapes.compare("claude", prompts=True)
         (run,) = {r.agent for r in tapes.experiment_runs("claude")}
     s = cmp.summary()
     # node 1: same words and the same tool call (tool_use read back); node 2: Claude's own words

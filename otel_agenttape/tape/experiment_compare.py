@@ -227,9 +227,14 @@ def _error_of(run: Run | None) -> str | None:
     return None
 
 
-def compare(tapes: Any, name: str, *, baseline: str = "original", evals: Sequence[str] = ()) -> Comparison:
+def compare(tapes: Any, name: str, *, baseline: str = "original", evals: Sequence[str] = (),
+            prompts: bool | None = None) -> Comparison:
     """The experiment ``name`` against ``baseline``: ``"original"`` (the recorded nodes) or another
-    experiment's name (matched by original run and node)."""
+    experiment's name (matched by original run and node).
+
+    A node-level experiment reads only the model calls compared (``iter_answers``, in trace batches), not
+    whole runs; ``prompts`` (default: when evaluators are named, as they may read them) also reads each
+    side's prompt (``Node.prompt``), which the comparison itself does not need."""
     missing = [e for e in evals if e not in EVALUATORS]
     if missing:
         raise ExperimentError(f"no evaluator named {', '.join(missing)} (registered: "
@@ -238,34 +243,76 @@ def compare(tapes: Any, name: str, *, baseline: str = "original", evals: Sequenc
     if not mine:
         raise ExperimentError(f"no experiment named {name!r}")
     latest = latest_per_node(mine.items())
-    program = any(node == "" for _, node in latest)  # whole runs compared: read the runs below each one too
-    runs = {r.ref: r for r in iter_runs(tapes.reader, list(latest.values()), children=program)}
-    if baseline == "original":
-        originals = {r.ref: r for r in iter_runs(tapes.reader, sorted({of for of, _ in latest if "@" in of}),
-                                                 children=program)}
-        base_of = {k: (k[0], _node_of(originals.get(k[0]), k[1])) for k in latest}
-    else:
+    other: dict[tuple[str, str], str] = {}
+    if baseline != "original":
         theirs = experiment_refs(tapes, baseline)
         if not theirs:
             raise ExperimentError(f"no experiment named {baseline!r} to compare with")
         other = latest_per_node(theirs.items())
-        other_runs = {r.ref: r for r in iter_runs(tapes.reader, [other[k] for k in latest if k in other],
-                                                  children=program)}
-        base_of = {k: (other.get(k), _node_of(other_runs.get(other.get(k, "")), "" if k[1] == "" else None))
-                   for k in latest}
+    program = any(node == "" for _, node in latest)
+    if program:
+        candidates, base_of = _whole_runs(tapes, latest, baseline, other)
+    else:
+        candidates, base_of = _model_calls(tapes, latest, baseline, other, bool(evals) if prompts is None else prompts)
+    prices = getattr(tapes, "prices", None)
     pairs = []
     for key, ref in sorted(latest.items()):
-        run = runs.get(ref)
+        node, error = candidates[ref]
         base_ref, base_node = base_of[key]
-        pair = Pair(key[0], key[1], ref, base_ref, base_node, _node_of(run, "" if key[1] == "" else None),
-                    _error_of(run))
-        prices = getattr(tapes, "prices", None)
+        pair = Pair(key[0], key[1], ref, base_ref, base_node, node, error)
         pair.costs = {"baseline": node_cost(base_node, prices), "candidate": node_cost(pair.candidate, prices)}
         for e in evals:
             pair.scores[e] = {"baseline": _score(e, base_node),
                               "candidate": None if pair.error else _score(e, pair.candidate)}
         pairs.append(pair)
     return Comparison(name, baseline, pairs, list(evals))
+
+
+Sides = tuple[dict[str, tuple["Node | None", "str | None"]], dict[tuple[str, str], tuple["str | None", "Node | None"]]]
+
+
+def _whole_runs(tapes: Any, latest: dict[tuple[str, str], str], baseline: str,
+                other: dict[tuple[str, str], str]) -> Sides:
+    """Program level: each run with the runs below it in its trace, seen as one answer."""
+    runs = {r.ref: r for r in iter_runs(tapes.reader, list(latest.values()), children=True)}
+    candidates = {ref: (_node_of(runs.get(ref), ""), _error_of(runs.get(ref))) for ref in latest.values()}
+    if baseline == "original":
+        originals = {r.ref: r for r in iter_runs(tapes.reader, sorted({of for of, _ in latest if "@" in of}),
+                                                 children=True)}
+        return candidates, {k: (k[0], _node_of(originals.get(k[0]), k[1])) for k in latest}
+    theirs = {r.ref: r for r in iter_runs(tapes.reader, [other[k] for k in latest if k in other], children=True)}
+    return candidates, {k: (other.get(k), _node_of(theirs.get(other.get(k, "")), "")) for k in latest}
+
+
+def _model_calls(tapes: Any, latest: dict[tuple[str, str], str], baseline: str,
+                 other: dict[tuple[str, str], str], prompts: bool) -> Sides:
+    """Node level: the candidate run's model call and the original's (or the other experiment's) only."""
+    from .rebuild import iter_answers
+
+    wanted: list[tuple[str, str | None]] = [(ref, None) for ref in latest.values()]
+    if baseline == "original":
+        wanted += sorted({(of, node) for of, node in latest if "@" in of})
+    else:
+        wanted += [(other[k], None) for k in latest if k in other]
+    got = dict(iter_answers(tapes.reader, wanted, prompt=prompts))
+    candidates = {}
+    for ref in latest.values():
+        answer = got.get((ref, None))
+        if answer is None or not answer.run_found:
+            candidates[ref] = (None, "candidate run not found")
+            continue
+        error = None
+        if answer.status == "error":
+            node = answer.node
+            error = answer.status_message or (node.status_message if node is not None and node.status == "error"
+                                              else None) or "error"
+        candidates[ref] = (answer.node, error)
+    if baseline == "original":
+        base = {k: (k[0], got[(k[0], k[1])].node if (k[0], k[1]) in got else None) for k in latest}
+    else:
+        base = {k: (other.get(k), got[(other[k], None)].node if k in other and (other[k], None) in got else None)
+                for k in latest}
+    return candidates, base
 
 
 def _score(name: str, node: Node | None) -> float | None:
@@ -349,7 +396,7 @@ def experiment_detail(tapes: Any, name: str, *, baseline: str = "original",
     store holds for the original and candidate runs: what the console's side-by-side page shows."""
     from .experiment import experiment_list
 
-    cmp = compare(tapes, name, baseline=baseline, evals=evals)
+    cmp = compare(tapes, name, baseline=baseline, evals=evals, prompts=True)
     out = cmp.to_json()
     out["experiment"] = next((e for e in experiment_list(tapes) if e["name"] == name), None)
     refs = {r for p in cmp.pairs for r in (p.candidate_ref, p.baseline_ref, p.of) if r and "@" in r}

@@ -494,3 +494,42 @@ def iter_runs(reader: Reader, refs: Sequence[str], batch_traces: int = 200, *,
         for key, trace in batch:
             if (key, trace or key) in built:
                 yield built[(key, trace or key)]
+
+
+@dataclass
+class Answer:
+    """One model call read on its own (``iter_answers``): the node, and the status of the run it is in."""
+
+    node: Node | None
+    run_found: bool
+    status: str
+    status_message: str | None
+
+
+def iter_answers(reader: Reader, wanted: Sequence[tuple[str, str | None]], *, prompt: bool = True,
+                 batch_traces: int = 200) -> Iterator[tuple[tuple[str, str | None], Answer]]:
+    """The model calls of many runs without rebuilding the runs: for each (``RUN_ID@TRACE_ID``, span id)
+    the model span of that id in the run's trace, or with no span id the run's first model call, and the
+    run's status. What a node-level comparison needs of thousands of runs (no steps, no tool nodes, no run
+    content; ``prompt=False``: no prompts either)."""
+    from .load import trace_windows
+
+    keyed = [(w, split_ref(w[0])) for w in wanted]
+    for lo in range(0, len(keyed), batch_traces):
+        batch = keyed[lo: lo + batch_traces]
+        ts = _load(reader, trace_windows(reader, sorted({t for _, (_, t) in batch if t})), links=False)
+        by_trace: dict[str, list[SpanRow]] = {}
+        for span in ts.spans.values():
+            by_trace.setdefault(span.trace_id, []).append(span)
+        for want, (run_id, trace) in batch:
+            spans = by_trace.get(trace or run_id, [])
+            mine = [s for s in spans if (s.run_id or s.attrs.get(sc.RUN_ID)) == run_id]
+            run_spans = sorted((s for s in mine if foreign.classify(s) == foreign.RUN), key=lambda s: s.start_ns)
+            if want[1]:
+                chosen = next((s for s in spans if s.span_id == want[1] and foreign.classify(s) == foreign.MODEL), None)
+            else:
+                chosen = min((s for s in mine if foreign.classify(s) == foreign.MODEL),
+                             key=lambda s: (s.start_ns, s.span_id), default=None)
+            node = foreign.model_node(chosen, prompt=prompt) if chosen is not None else None
+            status, message = _status(run_spans, None, [])
+            yield want, Answer(node, bool(mine), status, message)

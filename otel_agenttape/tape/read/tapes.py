@@ -327,11 +327,13 @@ class Tapes:
         mine = experiment_refs(self)
         return {r: mine[r]["name"] for r in refs if r in mine}
 
-    def compare(self, name: str, *, baseline: str = "original", evals: Sequence[str] = ()) -> Any:
-        """``agenttape experiment compare``: the experiment's answers against the originals or another experiment."""
+    def compare(self, name: str, *, baseline: str = "original", evals: Sequence[str] = (),
+                prompts: bool | None = None) -> Any:
+        """``agenttape experiment compare``: the experiment's answers against the originals or another
+        experiment; ``prompts=True`` also reads each side's prompt (default: when evaluators are named)."""
         from ..experiment_compare import compare
 
-        return compare(self, name, baseline=baseline, evals=evals)
+        return compare(self, name, baseline=baseline, evals=evals, prompts=prompts)
 
     def experiment_detail(self, name: str, *, baseline: str = "original", evals: Sequence[str] = ()) -> dict[str, Any]:
         """``compare`` as JSON, each pair's sides with the prompt sent and the stored scores of the runs
