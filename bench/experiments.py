@@ -159,20 +159,25 @@ def record_originals(server: Any, runs: int) -> list[str]:
 
 
 class TimedClient:
-    """The candidate's OpenAI client, timing each request: what the experiment spends beyond them is its own."""
+    """The candidate's OpenAI client, timing each request (``post``, which the experiment sends the recorded
+    request through): what the experiment spends beyond them is its own."""
 
-    def __init__(self, client: object) -> None:
-        self._create = client.chat.completions.create  # type: ignore[attr-defined]
-        self.chat = self
-        self.completions = self
-        self.spans: list[tuple[float, float]] = []
+    def __new__(cls, base_url: str) -> Any:
+        from openai import OpenAI
 
-    def create(self, **request: object) -> object:
-        t0 = time.perf_counter()
-        try:
-            return self._create(**request)
-        finally:
-            self.spans.append((t0, time.perf_counter()))
+        class Timed(OpenAI):
+            spans: list[tuple[float, float]]
+
+            def post(self, *args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return super().post(*args, **kwargs)
+                finally:
+                    self.spans.append((t0, time.perf_counter()))
+
+        client = Timed(base_url=base_url, api_key="bench", max_retries=0)
+        client.spans = []
+        return client
 
 
 def bare(base_url: str, requests: list[dict], concurrency: int) -> float:
@@ -222,9 +227,7 @@ def main() -> None:
                         for item in select_items(tapes, filters={"agent": "weather"}, limit=some)]
         bare(base_url, requests[:8], args.concurrency)  # warm the client and the server
         bare_s = bare(base_url, requests, args.concurrency)
-        from openai import OpenAI
-
-        timed = TimedClient(OpenAI(base_url=base_url, api_key="bench", max_retries=0))
+        timed = TimedClient(base_url)
         cpu0 = time.process_time()
         t0 = time.perf_counter()
         res = run_experiment(str(db), "bench-overhead", Candidate("cand-bench", base_url=base_url, client=timed),
