@@ -2,8 +2,10 @@
 of comparing 1,000 experiment runs with their originals.
 
 Setup: ``--runs`` weather runs (two model calls each: a tool call, then the answer) recorded through the
-capture API into a real receiver (``TapeServer``) on 127.0.0.1, and an OpenAI-compatible chat server in
-its own process that answers after a fixed ``--latency-ms``.
+capture API into a real receiver (``TapeServer``) on 127.0.0.1 in a process of its own (as ``agenttape
+serve`` runs beside an experiment; ``--receiver thread`` runs it in this process, sharing the experiment's
+interpreter lock), and an OpenAI-compatible chat server in its own process that answers after a fixed
+``--latency-ms``.
 
 (a) overhead: ``--nodes`` recorded model calls sent twice at the same concurrency, once by a bare OpenAI
     client (the same requests, a thread pool, nothing recorded) and once as an experiment (selected from
@@ -30,6 +32,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import otel_agenttape
 from otel_agenttape.receiver.server import TapeServer
@@ -81,7 +84,42 @@ def _serve(port_out: multiprocessing.Queue, latency: multiprocessing.Value) -> N
     server.serve_forever()
 
 
-def record_originals(server: TapeServer, runs: int) -> list[str]:
+def _receive(db: str, conn: Any) -> None:
+    """The receiver in a process of its own, as ``agenttape serve`` runs beside an experiment: answers
+    ``idle`` (drained?) and ``stop`` over ``conn``."""
+    server = TapeServer(db, host="127.0.0.1", http_port=0, grpc_port=0, grpc_enabled=False)
+    server.start()
+    conn.send(server.url)
+    while True:
+        what = conn.recv()
+        if what == "stop":
+            server.stop()
+            conn.send(True)
+            return
+        conn.send(server.wait_idle(float(what[1])))
+
+
+class ReceiverProcess:
+    """``TapeServer``'s ``url`` / ``wait_idle`` / ``stop``, with the server in another process (its
+    decoding and DuckDB writes then do not share the experiment's interpreter lock)."""
+
+    def __init__(self, db: str) -> None:
+        self._conn, child = multiprocessing.Pipe()
+        self._proc = multiprocessing.Process(target=_receive, args=(db, child), daemon=True)
+        self._proc.start()
+        self.url = self._conn.recv()
+
+    def wait_idle(self, timeout: float) -> bool:
+        self._conn.send(("idle", timeout))
+        return bool(self._conn.recv())
+
+    def stop(self) -> None:
+        self._conn.send("stop")
+        self._conn.recv()
+        self._proc.join(30)
+
+
+def record_originals(server: Any, runs: int) -> list[str]:
     """``runs`` weather runs through the capture API: a tool call, the tool, the answer."""
     tape = otel_agenttape.setup(endpoint=server.url, protocol="http/protobuf", service_name="bench-weather")
     refs = []
@@ -121,20 +159,25 @@ def record_originals(server: TapeServer, runs: int) -> list[str]:
 
 
 class TimedClient:
-    """The candidate's OpenAI client, timing each request: what the experiment spends beyond them is its own."""
+    """The candidate's OpenAI client, timing each request (``post``, which the experiment sends the recorded
+    request through): what the experiment spends beyond them is its own."""
 
-    def __init__(self, client: object) -> None:
-        self._create = client.chat.completions.create  # type: ignore[attr-defined]
-        self.chat = self
-        self.completions = self
-        self.spans: list[tuple[float, float]] = []
+    def __new__(cls, base_url: str) -> Any:
+        from openai import OpenAI
 
-    def create(self, **request: object) -> object:
-        t0 = time.perf_counter()
-        try:
-            return self._create(**request)
-        finally:
-            self.spans.append((t0, time.perf_counter()))
+        class Timed(OpenAI):
+            spans: list[tuple[float, float]]
+
+            def post(self, *args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return super().post(*args, **kwargs)
+                finally:
+                    self.spans.append((t0, time.perf_counter()))
+
+        client = Timed(base_url=base_url, api_key="bench", max_retries=0)
+        client.spans = []
+        return client
 
 
 def bare(base_url: str, requests: list[dict], concurrency: int) -> float:
@@ -156,6 +199,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--receiver", choices=("process", "thread"), default="process",
+                    help="the receiver in its own process (as agenttape serve is; default) or in this one")
     args = ap.parse_args()
 
     folder = Path(args.dir or tempfile.mkdtemp(prefix="bench-experiments-"))
@@ -166,8 +211,11 @@ def main() -> None:
     fake = multiprocessing.Process(target=_serve, args=(ports, latency), daemon=True)
     fake.start()
     base_url = f"http://127.0.0.1:{ports.get(timeout=30)}/v1"
-    server = TapeServer(str(db), host="127.0.0.1", http_port=0, grpc_port=0, grpc_enabled=False)
-    server.start()
+    if args.receiver == "process":
+        server: Any = ReceiverProcess(str(db))
+    else:
+        server = TapeServer(str(db), host="127.0.0.1", http_port=0, grpc_port=0, grpc_enabled=False)
+        server.start()
     try:
         t0 = time.perf_counter()
         record_originals(server, args.runs)
@@ -179,9 +227,7 @@ def main() -> None:
                         for item in select_items(tapes, filters={"agent": "weather"}, limit=some)]
         bare(base_url, requests[:8], args.concurrency)  # warm the client and the server
         bare_s = bare(base_url, requests, args.concurrency)
-        from openai import OpenAI
-
-        timed = TimedClient(OpenAI(base_url=base_url, api_key="bench", max_retries=0))
+        timed = TimedClient(base_url)
         cpu0 = time.process_time()
         t0 = time.perf_counter()
         res = run_experiment(str(db), "bench-overhead", Candidate("cand-bench", base_url=base_url, client=timed),

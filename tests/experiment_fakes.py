@@ -39,6 +39,7 @@ class ChatServer:
 
     def __init__(self, respond: Respond, delay: float = 0.0) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.paths: list[tuple[str, str | None]] = []  # (path, the API key header) of each request
         self.respond = respond
         self.delay = delay
         self._lock = threading.Lock()
@@ -55,6 +56,7 @@ class ChatServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with owner._lock:
                     owner.requests.append(body)
+                    owner.paths.append((self.path, self.headers.get("x-api-key") or self.headers.get("authorization")))
                     n = len(owner.requests)
                 if owner.delay:
                     time.sleep(owner.delay)
@@ -74,6 +76,11 @@ class ChatServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
+    @property
+    def root_url(self) -> str:
+        """The server's root: the Anthropic SDK adds ``/v1/messages`` itself."""
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
     def __enter__(self) -> ChatServer:
         self._thread.start()
         return self
@@ -81,3 +88,11 @@ class ChatServer:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def claude_message(body: dict[str, Any], n: int, content: list[dict[str, Any]], stop: str = "end_turn",
+                   input_tokens: int = 25, output_tokens: int = 6) -> dict[str, Any]:
+    """An Anthropic Messages API answer."""
+    return {"id": f"msg_{n}", "type": "message", "role": "assistant", "model": body["model"], "content": content,
+            "stop_reason": stop, "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}

@@ -28,9 +28,12 @@ def add_parser(sub: Any, source_args: Any) -> None:
                                     "answer as a run linked to the original (a rerun skips what is done)")
     q.add_argument("name", metavar="NAME")
     q.add_argument("--model", required=True, help="the candidate model")
-    q.add_argument("--base-url", default=None, help="any OpenAI-compatible endpoint (default the OpenAI API)")
+    q.add_argument("--provider", choices=("openai", "anthropic"), default="openai",
+                   help="openai: any OpenAI-compatible endpoint; anthropic: the Messages API through the "
+                        "Anthropic SDK, each recorded prompt converted (default %(default)s)")
+    q.add_argument("--base-url", default=None, help="the provider's endpoint (default its public API)")
     q.add_argument("--api-key-env", default=None, metavar="VAR", help="environment variable holding the API key "
-                   "(default OPENAI_API_KEY)")
+                   "(default OPENAI_API_KEY, or ANTHROPIC_API_KEY with --provider anthropic)")
     q.add_argument("--system-prompt", default=None, metavar="FILE", help="replace the system prompt with this file")
     q.add_argument("--temperature", type=float, default=None)
     q.add_argument("--run", action="append", default=None, metavar="RUN", help="only this run (repeatable)")
@@ -80,7 +83,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         except OSError as exc:
             raise CliError(f"cannot read {args.system_prompt}: {exc.strerror or exc}") from None
     candidate = Candidate(args.model, base_url=args.base_url, api_key_env=args.api_key_env, system_prompt=prompt,
-                          temperature=args.temperature)
+                          temperature=args.temperature, provider=args.provider)
     filters = {"agent": args.agent, "status": args.status, "source": args.source, "session": args.session,
                "model": args.model_filter, "since": args.since}
     result = run_experiment(source_of(args), args.name, candidate, refs=args.run or (), filters=filters,

@@ -66,12 +66,14 @@ class _Chain:
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
-    """LangChain messages (or a state holding them) as OpenAI chat messages."""
+    """LangChain messages (or a state holding them) as OpenAI chat messages; LangGraph also takes OpenAI
+    dicts ({"role": ..., "content": ...}) as a state's messages."""
     if isinstance(value, dict) and "messages" in value:
         value = value["messages"]
     if isinstance(value, BaseMessage):
         value = [value]
-    if isinstance(value, list) and value and all(isinstance(m, BaseMessage) for m in value):
+    if isinstance(value, list) and value and all(
+            isinstance(m, BaseMessage) or (isinstance(m, dict) and isinstance(m.get("role"), str)) for m in value):
         return list(convert_to_openai_messages(value))
     return []
 

@@ -40,6 +40,7 @@ SETTINGS = {sc.GEN_AI_REQUEST_TEMPERATURE: "temperature", sc.GEN_AI_REQUEST_MAX_
             "gen_ai.request.frequency_penalty": "frequency_penalty",
             "gen_ai.request.presence_penalty": "presence_penalty"}
 DEFAULT_ENDPOINT = "http://127.0.0.1:4318"
+PROVIDERS = ("openai", "anthropic")
 
 
 class ExperimentError(ValueError):
@@ -50,8 +51,10 @@ class ExperimentError(ValueError):
 class Candidate:
     """The model under test and the overrides applied to every recorded prompt.
 
-    ``client`` replaces the OpenAI SDK client built from ``base_url``/``api_key_env`` (any object with
-    ``chat.completions.create``, e.g. an Anthropic-compatible wrapper)."""
+    ``provider``: ``"openai"`` (any OpenAI-compatible endpoint) or ``"anthropic"`` (the Messages API
+    through the Anthropic SDK, the prompt converted by ``experiment_anthropic``). ``client`` replaces the
+    SDK client built from ``base_url``/``api_key_env`` (for ``"openai"``: any object with
+    ``chat.completions.create``; for ``"anthropic"``: one with ``messages.create``)."""
 
     model: str
     base_url: str | None = None
@@ -60,20 +63,39 @@ class Candidate:
     temperature: float | None = None
     timeout: float = 60.0
     client: Any = None
+    provider: str = "openai"
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise ExperimentError(f"provider {self.provider!r}: one of {', '.join(PROVIDERS)}")
 
     def settings(self) -> dict[str, Any]:
         """What identifies the candidate in the journal: a changed override is another experiment item."""
-        return {"model": self.model, "base_url": self.base_url, "system_prompt": self.system_prompt,
-                "temperature": self.temperature}
+        out = {"model": self.model, "base_url": self.base_url, "system_prompt": self.system_prompt,
+               "temperature": self.temperature}
+        if self.provider != "openai":  # the journals of OpenAI experiments keep their keys
+            out["provider"] = self.provider
+        return out
 
     def make_client(self) -> Any:
+        """The SDK client: ``openai.OpenAI``, or for Anthropic an ``AnthropicChat`` (the Anthropic client
+        with ``chat.completions.create`` too, so a program written against OpenAI runs unchanged)."""
+        default_env = "ANTHROPIC_API_KEY" if self.provider == "anthropic" else "OPENAI_API_KEY"
         if self.client is not None:
-            return self.client
-        import openai
+            if self.provider == "anthropic" and not hasattr(self.client, "chat"):
+                from .experiment_anthropic import AnthropicChat
 
-        key = os.environ.get(self.api_key_env) if self.api_key_env else os.environ.get("OPENAI_API_KEY")
+                return AnthropicChat(self.client)
+            return self.client
+        key = os.environ.get(self.api_key_env or default_env)
         if self.api_key_env and not key:
             raise ExperimentError(f"${self.api_key_env} is not set")
+        if self.provider == "anthropic":
+            from .experiment_anthropic import anthropic_client
+
+            return anthropic_client(self.base_url, key, self.timeout)
+        import openai
+
         return openai.OpenAI(base_url=self.base_url, api_key=key or "unused", max_retries=0, timeout=self.timeout)
 
 
@@ -266,10 +288,12 @@ def record_answer(tape: Any, name: str, item: Item, candidate: Candidate, client
     try:
         with tape.run(agent=item.agent, run_id=run_id, input=request["messages"], model=candidate.model,
                       attributes=attributes) as run:
+            if candidate.provider == "anthropic":
+                run.set_output(_ask_anthropic(run, request, candidate, client))
+                return run_id, None
             with run.model_call(model=candidate.model, messages=request["messages"], provider="openai",
                                 tools=request.get("tools"), **params) as call:
-                response = client.chat.completions.create(**request)
-                raw = _response_dict(response)
+                raw = _ask_openai(client, request)
                 call.finish(raw=raw)
             choices = raw.get("choices") if isinstance(raw, dict) else None
             if choices:
@@ -277,6 +301,36 @@ def record_answer(tape: Any, name: str, item: Item, candidate: Candidate, client
     except Exception as exc:  # recorded on the run as its error; the experiment goes on
         error = _error_text(exc)
     return run_id, error
+
+
+def _ask_openai(client: Any, request: dict[str, Any]) -> Any:
+    """The candidate's answer as the JSON it sent. An ``openai.OpenAI`` client posts the recorded request
+    as it is (it is JSON already) and the answer is read as JSON: the SDK's request transform and response
+    models cost about 2 ms of CPU a call, which its other workers wait for; its auth, timeouts and errors
+    still apply. Any other client is asked through ``chat.completions.create``."""
+    try:
+        import httpx
+        import openai
+    except ImportError:  # pragma: no cover - openai is what make_client builds
+        openai = None  # type: ignore[assignment]
+    if openai is not None and isinstance(client, openai.OpenAI):
+        return client.post("/chat/completions", body=request, cast_to=httpx.Response).json()
+    return _response_dict(client.chat.completions.create(**request))
+
+
+def _ask_anthropic(run: Any, request: dict[str, Any], candidate: Candidate, client: Any) -> str:
+    """The request converted to the Messages API, sent, and recorded as Claude was asked (system, messages,
+    tools as sent; the Message as the raw response): the answer's text."""
+    from .experiment_anthropic import to_anthropic
+
+    params = to_anthropic(request)
+    settings = {k: params[k] for k in ("max_tokens", "temperature", "top_p") if k in params}
+    with run.model_call(model=candidate.model, messages=params["messages"], provider="anthropic",
+                        system=params.get("system"), tools=params.get("tools"), **settings) as call:
+        raw = _response_dict(client.messages.create(**params))
+        call.finish(raw=raw)
+    blocks = raw.get("content") if isinstance(raw, dict) else None
+    return "".join(b.get("text") or "" for b in blocks or [] if isinstance(b, dict) and b.get("type") == "text")
 
 
 def run_experiment(source: Any, name: str, candidate: Candidate, *, refs: Sequence[str] = (),

@@ -17,19 +17,21 @@ from .experiment import Candidate, ExperimentResult, run_experiment
 def experiment(name: str, runs_or_dataset: Sequence[str] | str | os.PathLike[str] | None = None,
                fn: Callable[..., Any] | None = None, *, source: Any, model: str | None = None,
                base_url: str | None = None, api_key_env: str | None = None, system_prompt: str | None = None,
-               temperature: float | None = None, client: Any = None, candidate: Candidate | None = None,
+               temperature: float | None = None, client: Any = None, provider: str = "openai",
+               candidate: Candidate | None = None,
                tools: str = "tape", live: Any = None, mock: Callable[[str, Any], Any] | None = None,
                endpoint: str | None = None, journal: str | os.PathLike[str] | None = None,
                concurrency: int = 4, tape: Any = None, seal: bool = True,
                **filters: Any) -> ExperimentResult:
     """Run experiment ``name`` over ``runs_or_dataset`` (run refs, a dataset file, or None: the runs
     ``filters`` select, as ``Tapes.runs`` takes them) read from ``source``; answers are recorded as runs
-    linked to the originals and exported to ``endpoint`` (default: the receiver serving ``source``)."""
+    linked to the originals and exported to ``endpoint`` (default: the receiver serving ``source``).
+    ``provider="anthropic"`` asks Claude through the Anthropic SDK (``ctx.client`` stays OpenAI-shaped)."""
     if candidate is None:
         if not model:
             raise ValueError("experiment(): give model= (or candidate=)")
         candidate = Candidate(model, base_url=base_url, api_key_env=api_key_env, system_prompt=system_prompt,
-                              temperature=temperature, client=client)
+                              temperature=temperature, client=client, provider=provider)
     refs: Sequence[str] = ()
     dataset = None
     if isinstance(runs_or_dataset, (str, os.PathLike)):

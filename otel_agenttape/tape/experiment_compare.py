@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .experiment import ExperimentError, experiment_refs, latest_per_node
-from .model import Node, Run
+from .model import Node, Run, Usage
 from .rebuild import iter_runs
 
 Evaluator = Callable[[Node], "float | None"]
@@ -183,13 +183,29 @@ class Comparison:
                 "runs": [p.to_json() for p in self.pairs]}
 
 
+def _tree_runs(run: Run) -> list[Run]:
+    out, stack, seen = [], [run], set()
+    while stack:
+        r = stack.pop()
+        if id(r) not in seen:
+            seen.add(id(r))
+            out.append(r)
+            stack.extend(r.children)
+    return out
+
+
 def _run_as_node(run: Run) -> Node:
-    """A whole run seen as one answer (program-level experiments): its output, every tool call it asked
-    for, its tokens and its duration."""
-    asked = [m for n in run.model_nodes for m in n.output_messages if m.tool_calls]
+    """A whole run seen as one answer (program-level experiments): its output, every tool call asked for
+    in it and the runs below it (a program's agents are the experiment run's children), their tokens,
+    its duration."""
+    models = sorted((n for r in _tree_runs(run) for n in r.model_nodes), key=lambda n: (n.start_ns, n.span_id))
+    asked = [m for n in models for m in n.output_messages if m.tool_calls]
+    usage = Usage()
+    for n in models:
+        usage.add(n.usage)
     return Node("model", run.trace_id, run.span_id or "", None, run.agent or "", run.start_ns, run.end_ns,
-                run.status, output_text=run.output, output_messages=asked, usage=run.usage,
-                model=run.models[-1] if run.models else None)
+                run.status, output_text=run.output, output_messages=asked, usage=usage,
+                model=next((n.model for n in reversed(models) if n.model), None) or (run.models[-1] if run.models else None))
 
 
 def _node_of(run: Run | None, span_id: str | None) -> Node | None:
@@ -211,9 +227,14 @@ def _error_of(run: Run | None) -> str | None:
     return None
 
 
-def compare(tapes: Any, name: str, *, baseline: str = "original", evals: Sequence[str] = ()) -> Comparison:
+def compare(tapes: Any, name: str, *, baseline: str = "original", evals: Sequence[str] = (),
+            prompts: bool | None = None) -> Comparison:
     """The experiment ``name`` against ``baseline``: ``"original"`` (the recorded nodes) or another
-    experiment's name (matched by original run and node)."""
+    experiment's name (matched by original run and node).
+
+    A node-level experiment reads only the model calls compared (``iter_answers``, in trace batches), not
+    whole runs; ``prompts`` (default: when evaluators are named, as they may read them) also reads each
+    side's prompt (``Node.prompt``), which the comparison itself does not need."""
     missing = [e for e in evals if e not in EVALUATORS]
     if missing:
         raise ExperimentError(f"no evaluator named {', '.join(missing)} (registered: "
@@ -222,31 +243,76 @@ def compare(tapes: Any, name: str, *, baseline: str = "original", evals: Sequenc
     if not mine:
         raise ExperimentError(f"no experiment named {name!r}")
     latest = latest_per_node(mine.items())
-    runs = {r.ref: r for r in iter_runs(tapes.reader, list(latest.values()))}
-    if baseline == "original":
-        originals = {r.ref: r for r in iter_runs(tapes.reader, sorted({of for of, _ in latest if "@" in of}))}
-        base_of = {k: (k[0], _node_of(originals.get(k[0]), k[1])) for k in latest}
-    else:
+    other: dict[tuple[str, str], str] = {}
+    if baseline != "original":
         theirs = experiment_refs(tapes, baseline)
         if not theirs:
             raise ExperimentError(f"no experiment named {baseline!r} to compare with")
         other = latest_per_node(theirs.items())
-        other_runs = {r.ref: r for r in iter_runs(tapes.reader, [other[k] for k in latest if k in other])}
-        base_of = {k: (other.get(k), _node_of(other_runs.get(other.get(k, "")), "" if k[1] == "" else None))
-                   for k in latest}
+    program = any(node == "" for _, node in latest)
+    if program:
+        candidates, base_of = _whole_runs(tapes, latest, baseline, other)
+    else:
+        candidates, base_of = _model_calls(tapes, latest, baseline, other, bool(evals) if prompts is None else prompts)
+    prices = getattr(tapes, "prices", None)
     pairs = []
     for key, ref in sorted(latest.items()):
-        run = runs.get(ref)
+        node, error = candidates[ref]
         base_ref, base_node = base_of[key]
-        pair = Pair(key[0], key[1], ref, base_ref, base_node, _node_of(run, "" if key[1] == "" else None),
-                    _error_of(run))
-        prices = getattr(tapes, "prices", None)
+        pair = Pair(key[0], key[1], ref, base_ref, base_node, node, error)
         pair.costs = {"baseline": node_cost(base_node, prices), "candidate": node_cost(pair.candidate, prices)}
         for e in evals:
             pair.scores[e] = {"baseline": _score(e, base_node),
                               "candidate": None if pair.error else _score(e, pair.candidate)}
         pairs.append(pair)
     return Comparison(name, baseline, pairs, list(evals))
+
+
+Sides = tuple[dict[str, tuple["Node | None", "str | None"]], dict[tuple[str, str], tuple["str | None", "Node | None"]]]
+
+
+def _whole_runs(tapes: Any, latest: dict[tuple[str, str], str], baseline: str,
+                other: dict[tuple[str, str], str]) -> Sides:
+    """Program level: each run with the runs below it in its trace, seen as one answer."""
+    runs = {r.ref: r for r in iter_runs(tapes.reader, list(latest.values()), children=True)}
+    candidates = {ref: (_node_of(runs.get(ref), ""), _error_of(runs.get(ref))) for ref in latest.values()}
+    if baseline == "original":
+        originals = {r.ref: r for r in iter_runs(tapes.reader, sorted({of for of, _ in latest if "@" in of}),
+                                                 children=True)}
+        return candidates, {k: (k[0], _node_of(originals.get(k[0]), k[1])) for k in latest}
+    theirs = {r.ref: r for r in iter_runs(tapes.reader, [other[k] for k in latest if k in other], children=True)}
+    return candidates, {k: (other.get(k), _node_of(theirs.get(other.get(k, "")), "")) for k in latest}
+
+
+def _model_calls(tapes: Any, latest: dict[tuple[str, str], str], baseline: str,
+                 other: dict[tuple[str, str], str], prompts: bool) -> Sides:
+    """Node level: the candidate run's model call and the original's (or the other experiment's) only."""
+    from .rebuild import iter_answers
+
+    wanted: list[tuple[str, str | None]] = [(ref, None) for ref in latest.values()]
+    if baseline == "original":
+        wanted += sorted({(of, node) for of, node in latest if "@" in of})
+    else:
+        wanted += [(other[k], None) for k in latest if k in other]
+    got = dict(iter_answers(tapes.reader, wanted, prompt=prompts))
+    candidates = {}
+    for ref in latest.values():
+        answer = got.get((ref, None))
+        if answer is None or not answer.run_found:
+            candidates[ref] = (None, "candidate run not found")
+            continue
+        error = None
+        if answer.status == "error":
+            node = answer.node
+            error = answer.status_message or (node.status_message if node is not None and node.status == "error"
+                                              else None) or "error"
+        candidates[ref] = (answer.node, error)
+    if baseline == "original":
+        base = {k: (k[0], got[(k[0], k[1])].node if (k[0], k[1]) in got else None) for k in latest}
+    else:
+        base = {k: (other.get(k), got[(other[k], None)].node if k in other and (other[k], None) in got else None)
+                for k in latest}
+    return candidates, base
 
 
 def _score(name: str, node: Node | None) -> float | None:
@@ -291,14 +357,32 @@ def check_gates(summary: dict[str, Any], gates: Sequence[str]) -> list[GateResul
     return out
 
 
-def experiment_overview(tapes: Any) -> list[dict[str, Any]]:
+def experiment_overview(tapes: Any, cache: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every experiment (``experiment_list``'s row) with its comparison summary against the originals:
-    what the console's Experiments page lists."""
+    what the console's Experiments page lists.
+
+    With ``cache`` (the Tapes' own), an experiment is compared again only when its runs changed: the
+    summary is kept under the count of its runs and their first and last start (a rerun adds runs, the
+    store never changes one) and the prices it was priced at; one query lists them all, so a page over
+    unchanged experiments costs that query alone."""
     from .experiment import experiment_list
 
     out = []
-    for row in experiment_list(tapes):
-        out.append({**row, "summary": compare(tapes, row["name"]).summary()})
+    prices = getattr(tapes, "prices", None)
+    rows = experiment_list(tapes)
+    for row in rows:
+        key = (row["runs"], row["first_ns"], row["last_ns"], row["originals"])
+        hit = cache.get(row["name"]) if cache is not None else None
+        if hit is not None and hit[0] == key and hit[1] is prices:
+            summary = hit[2]
+        else:
+            summary = compare(tapes, row["name"]).summary()
+            if cache is not None:
+                cache[row["name"]] = (key, prices, summary)
+        out.append({**row, "summary": dict(summary)})
+    if cache is not None:
+        for gone in set(cache) - {r["name"] for r in rows}:
+            del cache[gone]
     return out
 
 
@@ -312,7 +396,7 @@ def experiment_detail(tapes: Any, name: str, *, baseline: str = "original",
     store holds for the original and candidate runs: what the console's side-by-side page shows."""
     from .experiment import experiment_list
 
-    cmp = compare(tapes, name, baseline=baseline, evals=evals)
+    cmp = compare(tapes, name, baseline=baseline, evals=evals, prompts=True)
     out = cmp.to_json()
     out["experiment"] = next((e for e in experiment_list(tapes) if e["name"] == name), None)
     refs = {r for p in cmp.pairs for r in (p.candidate_ref, p.baseline_ref, p.of) if r and "@" in r}

@@ -209,7 +209,9 @@ def _messages_of(a: dict[str, Any], genai_key: str, role: str, oi_prefix: str, l
     return None
 
 
-def model_node(span: SpanRow) -> Node:
+def model_node(span: SpanRow, *, prompt: bool = True) -> Node:
+    """A model span as a node; ``prompt=False`` leaves its prompt (system, input messages, tool
+    definitions) unread, for readers that compare answers only (``experiment compare``)."""
     node = _base(span, MODEL)
     details, log_inputs, log_outputs = _from_logs(span)
     a = {**details, **span.attrs}
@@ -219,12 +221,12 @@ def model_node(span: SpanRow) -> Node:
         _first(a, sc.GEN_AI_RESPONSE_MODEL, sc.OI_LLM_RESPONSE_MODEL_NAME, sc.OI_LLM_MODEL_NAME) or node.request_model
     )
 
-    node.system_instructions = system_messages(a.get(sc.GEN_AI_SYSTEM_INSTRUCTIONS))
-
-    found = _messages_of(a, sc.GEN_AI_INPUT_MESSAGES, "user", sc.OI_LLM_INPUT_MESSAGES + ".", sc.LEGACY_PROMPT_PREFIX,
-                         log_inputs, sc.OI_INPUT_VALUE, to_messages)
-    if found is not None:
-        node.input_messages = found
+    if prompt:
+        node.system_instructions = system_messages(a.get(sc.GEN_AI_SYSTEM_INSTRUCTIONS))
+        found = _messages_of(a, sc.GEN_AI_INPUT_MESSAGES, "user", sc.OI_LLM_INPUT_MESSAGES + ".",
+                             sc.LEGACY_PROMPT_PREFIX, log_inputs, sc.OI_INPUT_VALUE, to_messages)
+        if found is not None:
+            node.input_messages = found
     found = _messages_of(a, sc.GEN_AI_OUTPUT_MESSAGES, "assistant", sc.OI_LLM_OUTPUT_MESSAGES + ".",
                          sc.LEGACY_COMPLETION_PREFIX, log_outputs, sc.OI_OUTPUT_VALUE, response_messages)
     if found is not None:
@@ -265,14 +267,14 @@ def model_node(span: SpanRow) -> Node:
     node.finish_reasons = [str(f) for f in finish or []] or [
         m.finish_reason for m in node.output_messages if m.finish_reason
     ]
-    if a.get(sc.GEN_AI_TOOL_DEFINITIONS) is not None:
+    if prompt and a.get(sc.GEN_AI_TOOL_DEFINITIONS) is not None:
         node.tool_definitions = tool_definitions(a[sc.GEN_AI_TOOL_DEFINITIONS])
-    elif _is_indexed(a, OI_LLM_TOOLS):
+    elif prompt and _is_indexed(a, OI_LLM_TOOLS):
         node.tool_definitions = tool_definitions(
             [parse_any_json((t.get("tool") or {}).get("json_schema")) for t in indexed_list(a, OI_LLM_TOOLS)
              if isinstance(t, dict)]
         )
-    elif _is_indexed(a, LLM_REQUEST_FUNCTIONS):
+    elif prompt and _is_indexed(a, LLM_REQUEST_FUNCTIONS):
         node.tool_definitions = tool_definitions(indexed_list(a, LLM_REQUEST_FUNCTIONS))
     node.usage = usage_of(a)
     node.request = {

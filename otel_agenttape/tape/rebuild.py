@@ -467,8 +467,11 @@ def run_span_keys(reader: Reader, ref: str) -> list[tuple[str, str]]:
     return sorted({s.key for s in parts.all_spans})
 
 
-def iter_runs(reader: Reader, refs: Sequence[str], batch_traces: int = 200) -> Iterator[Run]:
-    """Rebuild many runs (``RUN_ID@TRACE_ID`` refs, as ``runs`` lists them), loading traces in batches."""
+def iter_runs(reader: Reader, refs: Sequence[str], batch_traces: int = 200, *,
+              children: bool = False) -> Iterator[Run]:
+    """Rebuild many runs (``RUN_ID@TRACE_ID`` refs, as ``runs`` lists them), loading traces in batches.
+    ``children``: each run's ``children`` holds the runs below it in its own trace (a whole program's
+    runs, without the queries ``reconstruct_tree`` spends on runs continued in other traces)."""
     from .load import trace_windows
 
     wanted = [split_ref(r) for r in refs]
@@ -476,6 +479,57 @@ def iter_runs(reader: Reader, refs: Sequence[str], batch_traces: int = 200) -> I
         batch = wanted[lo: lo + batch_traces]
         traces = sorted({t for _, t in batch if t})
         index = _Index(_load(reader, trace_windows(reader, traces), links=False))
+        if not children:
+            for key, trace in batch:
+                if (key, trace or key) in index.runs:
+                    yield index.build((key, trace or key))
+            continue
+        built = {k: index.build(k) for k in index.runs}
+        below: dict[Key, list[Run]] = {}
+        for k, run in sorted(built.items(), key=lambda kv: kv[1].start_ns):
+            if run.parent_run_id and (run.parent_run_id, k[1]) in built:
+                below.setdefault((run.parent_run_id, k[1]), []).append(run)
+        for run in built.values():
+            run.children = list(below.get((run.run_id, run.trace_id), []))
         for key, trace in batch:
-            if (key, trace or key) in index.runs:
-                yield index.build((key, trace or key))
+            if (key, trace or key) in built:
+                yield built[(key, trace or key)]
+
+
+@dataclass
+class Answer:
+    """One model call read on its own (``iter_answers``): the node, and the status of the run it is in."""
+
+    node: Node | None
+    run_found: bool
+    status: str
+    status_message: str | None
+
+
+def iter_answers(reader: Reader, wanted: Sequence[tuple[str, str | None]], *, prompt: bool = True,
+                 batch_traces: int = 200) -> Iterator[tuple[tuple[str, str | None], Answer]]:
+    """The model calls of many runs without rebuilding the runs: for each (``RUN_ID@TRACE_ID``, span id)
+    the model span of that id in the run's trace, or with no span id the run's first model call, and the
+    run's status. What a node-level comparison needs of thousands of runs (no steps, no tool nodes, no run
+    content; ``prompt=False``: no prompts either)."""
+    from .load import trace_windows
+
+    keyed = [(w, split_ref(w[0])) for w in wanted]
+    for lo in range(0, len(keyed), batch_traces):
+        batch = keyed[lo: lo + batch_traces]
+        ts = _load(reader, trace_windows(reader, sorted({t for _, (_, t) in batch if t})), links=False)
+        by_trace: dict[str, list[SpanRow]] = {}
+        for span in ts.spans.values():
+            by_trace.setdefault(span.trace_id, []).append(span)
+        for want, (run_id, trace) in batch:
+            spans = by_trace.get(trace or run_id, [])
+            mine = [s for s in spans if (s.run_id or s.attrs.get(sc.RUN_ID)) == run_id]
+            run_spans = sorted((s for s in mine if foreign.classify(s) == foreign.RUN), key=lambda s: s.start_ns)
+            if want[1]:
+                chosen = next((s for s in spans if s.span_id == want[1] and foreign.classify(s) == foreign.MODEL), None)
+            else:
+                chosen = min((s for s in mine if foreign.classify(s) == foreign.MODEL),
+                             key=lambda s: (s.start_ns, s.span_id), default=None)
+            node = foreign.model_node(chosen, prompt=prompt) if chosen is not None else None
+            status, message = _status(run_spans, None, [])
+            yield want, Answer(node, bool(mine), status, message)

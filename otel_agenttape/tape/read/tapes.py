@@ -62,6 +62,7 @@ class Tapes:
         self._memo_version: int | None = None
         self._prices: Prices | None = None
         self._costs_of: dict[tuple[Any, ...], tuple[Any, int, int]] | None = None
+        self._experiment_summaries: dict[str, Any] = {}  # name -> (its runs' key, prices, summary)
         if prices is not None:
             self.use_prices(prices)
 
@@ -81,6 +82,7 @@ class Tapes:
         self._prices = prices if isinstance(prices, Prices) or prices is None else Prices.load(prices)
         self._memo, self._memo_version = {}, None
         self._costs_of = None
+        self._experiment_summaries = {}
 
     @property
     def description(self) -> str:
@@ -298,11 +300,12 @@ class Tapes:
 
     def experiments(self, *, summary: bool = False) -> list[dict[str, Any]]:
         """One row per experiment recorded in the store (``agenttape experiment list``); with ``summary``
-        each row also holds its comparison with the originals (the console's Experiments page)."""
+        each row also holds its comparison with the originals (the console's Experiments page), kept per
+        experiment until its runs change (``experiment_overview``)."""
         if summary:
             from ..experiment_compare import experiment_overview
 
-            return experiment_overview(self)
+            return experiment_overview(self, cache=self._experiment_summaries)
         from ..experiment import experiment_list
 
         return experiment_list(self)
@@ -324,11 +327,13 @@ class Tapes:
         mine = experiment_refs(self)
         return {r: mine[r]["name"] for r in refs if r in mine}
 
-    def compare(self, name: str, *, baseline: str = "original", evals: Sequence[str] = ()) -> Any:
-        """``agenttape experiment compare``: the experiment's answers against the originals or another experiment."""
+    def compare(self, name: str, *, baseline: str = "original", evals: Sequence[str] = (),
+                prompts: bool | None = None) -> Any:
+        """``agenttape experiment compare``: the experiment's answers against the originals or another
+        experiment; ``prompts=True`` also reads each side's prompt (default: when evaluators are named)."""
         from ..experiment_compare import compare
 
-        return compare(self, name, baseline=baseline, evals=evals)
+        return compare(self, name, baseline=baseline, evals=evals, prompts=prompts)
 
     def experiment_detail(self, name: str, *, baseline: str = "original", evals: Sequence[str] = ()) -> dict[str, Any]:
         """``compare`` as JSON, each pair's sides with the prompt sent and the stored scores of the runs
@@ -394,6 +399,7 @@ class Tapes:
         finally:
             self.reader = open_duckdb(path)
             self._memo, self._memo_version = {}, None
+            self._experiment_summaries = {}
         return result.to_json()
 
     def retain(self, *, older_than_days: int, reason: str, content_only: bool = False, signing_key: Any = None,
