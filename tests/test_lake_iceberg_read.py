@@ -139,6 +139,7 @@ def test_the_first_runs_page_reads_only_the_newest_files(lake: dict[str, Any]) -
         with otel_agenttape.open(lake["url"]) as tapes:
             opened = len(read)
             (ice,) = tapes.reader.lakes.icebergs
+            assert tapes.reader.run_index_keyed()  # every index row keyed, by the files' null counts alone
             page = tapes.runs(limit=RUNS_PER_BATCH - 1)
             first = read[opened:]
             more = tapes.runs(limit=RUNS_PER_BATCH - 1, cursor=page.next_cursor)

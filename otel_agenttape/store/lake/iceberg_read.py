@@ -208,6 +208,15 @@ class IcebergLake:
             self._scoped[key] = sql
         return self._scoped[key]
 
+    def run_index_keyed(self) -> bool:
+        """Does every row of the run index read hold its run's key (``run_hash``), by the null counts of the
+        files' statistics alone (False: not known, the rows are read)."""
+        files = [f for f in self.files.get(RUN_TRACES, []) if f.file_path in self.present.get(RUN_TRACES, ())]
+        if RUN_TRACES not in self.tables or not files:
+            return False
+        fid = self.tables[RUN_TRACES].schema().find_field("run_hash").field_id
+        return all((f.null_value_counts or {}).get(fid) == 0 for f in files)
+
     def rows(self) -> int:
         return sum(int(f.record_count) for files in self.files.values() for f in files)
 

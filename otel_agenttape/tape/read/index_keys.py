@@ -44,6 +44,9 @@ def _index(reader: Reader) -> tuple[str, bool] | None:
         if getattr(reader, "kind", None) != "duckdb":
             return None
         index = "run_index"  # the writer's (every store a writer opened since has this layout)
+    keyed = getattr(reader, "run_index_keyed", None)  # an Iceberg lake's index: its files' null counts
+    if lake and keyed is not None and keyed():
+        return index, lake
     try:
         found = _rows(reader, f"SELECT count(*) FILTER (WHERE run_hash IS NULL) AS old FROM {index} "
                               f"WHERE {'run_id IS NOT NULL' if lake else 'true'}", [])
