@@ -117,3 +117,46 @@ def test_a_reader_of_a_catalog_that_is_not_there_says_so_and_creates_nothing(tmp
     assert cli_main(["runs", "--lake", url]) == 2
     assert "no Iceberg catalog at" in capsys.readouterr().err
     assert not (tmp_path / "nothere").exists()
+
+
+def test_the_first_runs_page_reads_only_the_newest_files(lake: dict[str, Any]) -> None:
+    """The newest runs are in the newest batch's files: the first page of a fresh reader (its keys from the
+    run index, the runs' ids, summaries and model calls from the spans) reads no other span file, and
+    shows the same runs and count as the store that published them."""
+    from otel_agenttape.store.lake.iceberg_read import IcebergLake
+
+    read: list[tuple[str, list[str]]] = []
+    plain = IcebergLake._file_sql
+
+    def recording(self: Any, con: Any, table: str, files: list[Any], name: str, registry: Any) -> str:
+        read.append((table, [f.file_path.rsplit("/", 1)[-1] for f in files]))
+        return plain(self, con, table, files, name, registry)
+
+    with otel_agenttape.open(lake["db"]) as store_tapes:
+        want = store_tapes.runs(limit=RUNS_PER_BATCH - 1)
+    IcebergLake._file_sql = recording  # type: ignore[method-assign]
+    try:
+        with otel_agenttape.open(lake["url"]) as tapes:
+            opened = len(read)
+            (ice,) = tapes.reader.lakes.icebergs
+            assert tapes.reader.run_index_keyed()  # every index row keyed, by the files' null counts alone
+            page = tapes.runs(limit=RUNS_PER_BATCH - 1)
+            first = read[opened:]
+            more = tapes.runs(limit=RUNS_PER_BATCH - 1, cursor=page.next_cursor)
+    finally:
+        IcebergLake._file_sql = plain  # type: ignore[method-assign]
+    assert [r.ref for r in page.runs] == [r.ref for r in want.runs]
+    assert [(r.run_id, r.model_calls, r.input_tokens, r.cost_usd) for r in page.runs] == [
+        (r.run_id, r.model_calls, r.input_tokens, r.cost_usd) for r in want.runs]
+    assert page.total == want.total == BATCHES * RUNS_PER_BATCH
+    assert [r.run_id for r in page.runs] == ["run-11", "run-10", "run-09"]
+    assert [r.run_id for r in more.runs] == ["run-08", "run-07", "run-06"]  # every run is still reachable
+    newest = f"r0-{BATCHES:010d}.parquet"  # the last batch's files (seq counts from 1)
+    spans_read = [names for table, names in first if table == "spans"]
+    assert spans_read, first
+    every = {f.file_path.rsplit("/", 1)[-1] for f in ice.files["spans"]}
+    assert len(every) > 1 and newest in every
+    for names in spans_read:  # the page's ids, summaries and calls: the newest batch's span files only
+        assert set(names) == {newest}, (names, sorted(every))
+    # the run index is read whole (one row per run, trace and batch); the older span files only for a later page
+    assert any(set(names) - {newest} for table, names in read[opened + len(first):] if table == "spans")

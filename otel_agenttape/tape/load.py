@@ -93,11 +93,16 @@ def _match(column: str, values: Sequence[Any]) -> str:
     return f"{column} = ?" if len(values) == 1 else f"{column} IN {_in(values)}"
 
 
-def _source(reader: Reader, table: str, column: str, values: Sequence[str]) -> str:
-    """What a lookup by ``column`` reads: ``table``, or, over an Iceberg lake, only the files its catalog
-    plans for these values (``store/lake/read.py``: ``ScopedSources``), named as the table."""
+def _source(reader: Reader, table: str, column: str | None, values: Sequence[str],
+            window: tuple[int | None, int | None] | None = None) -> str:
+    """What a lookup by ``column`` (None: by time alone) reads: ``table``, or, over an Iceberg lake, only the
+    files its catalog plans for these values and the time ``window`` (lo, hi; the query still filters by
+    both: this only leaves out files that cannot match) (``store/lake/read.py``: ``ScopedSources``), named
+    as the table."""
     scoped = getattr(reader, "scoped_source", None)
-    sql = scoped(table, column, list(values)) if scoped is not None else None
+    if scoped is None:
+        return table
+    sql = scoped(table, column, list(values), window) if window is not None else scoped(table, column, list(values))
     return f"{sql} AS {table}" if sql else table
 
 

@@ -176,6 +176,11 @@ def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, CommitFailedException):
         return True
     text = str(exc).lower()
+    # pyiceberg's own retry of a transaction rebuilds it on the snapshot it started from; when expiry
+    # (``lake retain``/``compact`` with a short grace) removed that snapshot meanwhile it gives up with a
+    # ValidationException before committing anything: refreshed, the change applies to the current snapshot
+    if type(exc).__name__ == "ValidationException" and "cannot find starting snapshot" in text:
+        return True
     return "database is locked" in text or "could not serialize" in text or "deadlock" in text
 
 

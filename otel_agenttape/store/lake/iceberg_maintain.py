@@ -307,11 +307,24 @@ def _expire(tbl: Any, fs: Any, grace_seconds: float) -> tuple[int, int]:
             ifl.HASHES: _json(hashes), MIGRATED_COVERS: _json(migrated_origins(tbl))}
     ifl.commit(tbl, lambda tx: tx.set_properties(keep))
     tbl.refresh()
-    ids = [s.snapshot_id for s in old if tbl.snapshot_by_id(s.snapshot_id) is not None]
-    current = tbl.current_snapshot()
-    ids = [i for i in ids if current is None or i != current.snapshot_id]
-    if ids:
-        tbl.maintenance.expire_snapshots().by_ids(ids).commit()
+    ids: list[int] = []
+    for attempt in range(ifl.COMMIT_ATTEMPTS):  # a receiver's commit in between: refresh and expire again
+        if attempt:
+            time.sleep(0.02 * (1 + attempt % 8))
+            tbl.refresh()
+        current = tbl.current_snapshot()
+        ids = [s.snapshot_id for s in old if tbl.snapshot_by_id(s.snapshot_id) is not None
+               and (current is None or s.snapshot_id != current.snapshot_id)]
+        if not ids:
+            break
+        try:
+            tbl.maintenance.expire_snapshots().by_ids(ids).commit()
+            break
+        except Exception as exc:  # noqa: BLE001 - sorted by _retryable
+            if not ifl._retryable(exc):
+                raise
+    else:
+        raise LakeError(f"expiring snapshots of {tbl.name()} kept conflicting with other writers")
     return deleted, len(ids)
 
 
@@ -325,33 +338,44 @@ def retain(url: str, older_than_days: int, grace_seconds: float = DEFAULT_GRACE_
     catalog, parsed = ic.load(url)
     tables = ic.load_tables(catalog, parsed.namespace)
     out: dict[str, Any] = {"removed_files": 0, "rows": 0, "before": cutoff.isoformat(), "chains": 0, "deleted": 0}
+    chains_of: dict[frozenset[str], list[Any]] = {}  # the sealed ranges of a set of old span files, read once
     for table, tbl in tables.items():
         if table not in pqlake.PARTITIONED:
             continue
         fs, _ = ifl.location_fs(tbl.location())
         day = (cutoff - ifl.EPOCH).days
-        old = [f for f in _live(tbl) if f.partition[0] is not None and int(f.partition[0]) < day]
-        if not old:
+        if not [f for f in _live(tbl) if f.partition[0] is not None and int(f.partition[0]) < day]:
             continue
         _maintainable(tbl)
-        props = {ifl.KIND: "retain", ifl.COVERS: _json(ifl.coverage(tbl)), REMOVED: _json(sorted(f.file_path for f in old))}
-        if table == "spans":
-            t = _read(fs, table, old)
-            got = {(str(c), int(e or 0), int(s), str(h)) for c, e, s, h in zip(
-                t.column("chain_id").to_pylist(), t.column("chain_epoch").to_pylist(),
-                t.column("chain_seq").to_pylist(), t.column("chain_hash").to_pylist()) if c is not None and s is not None}
-            chains = _islands(sorted(got))
-            props[RETENTION] = _json([{"at": mf.now_iso(), "older_than_days": older_than_days,
-                                       "before": cutoff.isoformat(), "rows": sum(int(f.record_count) for f in old),
-                                       "files": len(old), "chains": chains}])
-            out["chains"] = len(chains)
+        done: dict[str, Any] = {}
 
-        def work(tx: Any, props: dict[str, str] = props) -> None:
+        def work(tx: Any, tbl: Any = tbl, table: str = table, fs: Any = fs, done: dict[str, Any] = done) -> None:
+            # computed on each attempt from the table as refreshed: receivers commit meanwhile (new files,
+            # maybe another old day), and the record must name exactly the files this delete removes
+            old = [f for f in _live(tbl) if f.partition[0] is not None and int(f.partition[0]) < day]
+            props = {ifl.KIND: "retain", ifl.COVERS: _json(ifl.coverage(tbl)),
+                     REMOVED: _json(sorted(f.file_path for f in old))}
+            if table == "spans":
+                key = frozenset(f.file_path for f in old)
+                if key not in chains_of:
+                    t = _read(fs, table, old)
+                    got = {(str(c), int(e or 0), int(s), str(h)) for c, e, s, h in zip(
+                        t.column("chain_id").to_pylist(), t.column("chain_epoch").to_pylist(),
+                        t.column("chain_seq").to_pylist(), t.column("chain_hash").to_pylist())
+                        if c is not None and s is not None}
+                    chains_of[key] = _islands(sorted(got))
+                chains = chains_of[key]
+                props[RETENTION] = _json([{"at": mf.now_iso(), "older_than_days": older_than_days,
+                                           "before": cutoff.isoformat(), "rows": sum(int(f.record_count) for f in old),
+                                           "files": len(old), "chains": chains}])
+                done["chains"] = len(chains)
+            done["files"], done["rows"] = len(old), sum(int(f.record_count) for f in old)
             tx.delete(LessThan("date", cutoff.isoformat()), snapshot_properties=props)
 
         ifl.commit(tbl, work)
-        out["removed_files"] += len(old)
-        out["rows"] += sum(int(f.record_count) for f in old)
+        out["chains"] += done.get("chains", 0)
+        out["removed_files"] += done.get("files", 0)
+        out["rows"] += done.get("rows", 0)
         d, _ = _expire(tbl, fs, grace_seconds)
         out["deleted"] += d
     return out

@@ -30,6 +30,8 @@ from otel_agenttape.store.lake.fs import LakeFS
 _RUN_TRACES_TYPES = {"run_id": "VARCHAR", "trace_id": "VARCHAR", "parent_run_id": "VARCHAR",
                      "run_hash": "UBIGINT", "trace_hash": "UBIGINT"}
 _store_types: dict[str, dict[str, str]] = {}
+# the time a dated table's files are sorted by (their min/max bound a time window)
+TIME_COLUMNS = {"spans": "start_time_unix_nano", "span_events": "time_unix_nano", "log_records": "time_unix_nano"}
 
 
 def store_types(table: str) -> dict[str, str]:
@@ -89,15 +91,30 @@ class IcebergLake:
         scan = self.tables[table].scan(row_filter=row_filter or AlwaysTrue(), snapshot_id=snap)
         return [task.file for task in scan.plan_files()]
 
-    def scoped_files(self, table: str, column: str, values: Sequence[str]) -> list[Any]:
+    def scoped_files(self, table: str, column: str | None, values: Sequence[str],
+                     window: tuple[int | None, int | None] | None = None) -> list[Any]:
         """The live files that can hold rows whose ``column`` is one of ``values`` (a trace id prunes to its
-        bucket and to files whose min/max covers it; a run id to the index files whose bounds cover it)."""
-        from pyiceberg.expressions import EqualTo, In
+        bucket and to files whose min/max covers it; a run id to the index files whose bounds cover it) and,
+        with a ``window`` (lo, hi; either end open), whose time (``TIME_COLUMNS``) can fall in it: the
+        newest runs' spans are in the newest files, so a page of them reads those alone."""
+        from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, In, LessThanOrEqual
 
-        if table not in self.tables or not values:
+        if table not in self.tables or (column is not None and not values):
             return []
-        vals = sorted(set(values))
-        f = EqualTo(column, vals[0]) if len(vals) == 1 else In(column, vals)
+        parts: list[Any] = []
+        if column is not None:
+            vals = sorted(set(values))
+            parts.append(EqualTo(column, vals[0]) if len(vals) == 1 else In(column, vals))
+        time_col = TIME_COLUMNS.get(table)
+        if window is not None and time_col is not None:
+            lo, hi = window
+            if lo is not None:
+                parts.append(GreaterThanOrEqual(time_col, int(lo)))
+            if hi is not None:
+                parts.append(LessThanOrEqual(time_col, int(hi)))
+        if not parts:
+            return list(self.files.get(table, []))
+        f = parts[0] if len(parts) == 1 else And(*parts)
         here = self.present.get(table)
         return [x for x in self._prune(table, f) if here is None or x.file_path in here]
 
@@ -171,10 +188,11 @@ class IcebergLake:
             out[RUN_TRACES] = f"SELECT * FROM ({out[RUN_TRACES]}) WHERE last_start_unix_nano >= {floor}"
         return out
 
-    def scoped_source(self, con: duckdb.DuckDBPyConnection, table: str, column: str, values: Sequence[str],
-                      registry: dict[str, Any]) -> str | None:
-        """The SQL over only the files pyiceberg plans for these values (None: no file can hold them)."""
-        files = self.scoped_files(table, column, values)
+    def scoped_source(self, con: duckdb.DuckDBPyConnection, table: str, column: str | None, values: Sequence[str],
+                      registry: dict[str, Any], window: tuple[int | None, int | None] | None = None) -> str | None:
+        """The SQL over only the files pyiceberg plans for these values and time window (None: no file can
+        hold them)."""
+        files = self.scoped_files(table, column, values, window)
         if not files:
             return None
         key = (table, frozenset(f.file_path for f in files))
@@ -189,6 +207,15 @@ class IcebergLake:
                 sql = f"SELECT * FROM ({sql}) WHERE last_start_unix_nano >= {floor}"
             self._scoped[key] = sql
         return self._scoped[key]
+
+    def run_index_keyed(self) -> bool:
+        """Does every row of the run index read hold its run's key (``run_hash``), by the null counts of the
+        files' statistics alone (False: not known, the rows are read)."""
+        files = [f for f in self.files.get(RUN_TRACES, []) if f.file_path in self.present.get(RUN_TRACES, ())]
+        if RUN_TRACES not in self.tables or not files:
+            return False
+        fid = self.tables[RUN_TRACES].schema().find_field("run_hash").field_id
+        return all((f.null_value_counts or {}).get(fid) == 0 for f in files)
 
     def rows(self) -> int:
         return sum(int(f.record_count) for files in self.files.values() for f in files)

@@ -195,13 +195,20 @@ class ScopedSources:
         self.icebergs = list(icebergs)
         self.plain = plain
 
-    def __call__(self, table: str, column: str, values: Sequence[str]) -> str | None:
-        """``(SELECT ...)`` over the files that can hold these values, or None to read the whole view."""
-        if table not in self.COLUMNS.get(column, ()) or not values or len(values) > 1000:
+    def __call__(self, table: str, column: str | None, values: Sequence[str],
+                 window: tuple[int | None, int | None] | None = None) -> str | None:
+        """``(SELECT ...)`` over the files that can hold these values (``column`` None: any) with a time in
+        ``window`` (lo, hi: the time of ``iceberg_read.TIME_COLUMNS``), or None to read the whole view."""
+        from otel_agenttape.store.lake.iceberg_read import TIME_COLUMNS
+
+        if column is None:
+            if window is None or table not in TIME_COLUMNS:
+                return None
+        elif table not in self.COLUMNS.get(column, ()) or not values or len(values) > 1000:
             return None
         sqls = list(self.plain.get(table, []))
         for ice in self.icebergs:
-            sql = ice.scoped_source(self.reader.con, table, column, values, self.reader.registered)
+            sql = ice.scoped_source(self.reader.con, table, column, values, self.reader.registered, window)
             if sql is not None:
                 sqls.append(sql)
         if not sqls:  # no file can hold them: an empty relation of the view's columns
@@ -289,6 +296,8 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
     reader.run_index_view = RUN_TRACES  # type: ignore[attr-defined]
     if icebergs:
         reader.scoped_source = ScopedSources(reader, icebergs, plain)  # type: ignore[attr-defined]
+        if not plain[RUN_TRACES]:  # the run index is Iceberg's alone: its statistics say whether it is keyed
+            reader.run_index_keyed = lambda: all(i.run_index_keyed() for i in icebergs)  # type: ignore[attr-defined]
     # the views read the files listed when the reader was opened, and a lake file is never rewritten (a
     # DuckDB file is attached read-only): what the reader answers cannot change while it is open, so the
     # read model keeps a runs page's keys under this version (tape/read/kept.store_version)

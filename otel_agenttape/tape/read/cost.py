@@ -15,7 +15,7 @@ import pyarrow as pa
 from ... import semconv as sc
 from ...pricing import Cost, Prices
 from ...store.runs_view import OURS_ROLE, json_paths, roles_select
-from ..load import Reader, _rows
+from ..load import Reader, _rows, _source
 from ..model import Node, Run
 
 _CACHE_READ_KEYS = [sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS_LEGACY,
@@ -57,15 +57,18 @@ def ours_calls(reader: Reader, refs: Sequence[str] | None, lo: int | None = None
     c_list, cols = _extras("attributes", "provider_name")
     params: list[Any] = []
     where = f"{window}run_id IS NOT NULL"
+    spans = "spans"
     if refs is not None:
         runs = sorted({r.rpartition("@")[0] for r in refs})
         traces = sorted({r.rpartition("@")[2] for r in refs})
         where = f"{window}trace_id IN ({_marks(traces)}) AND run_id IN ({_marks(runs)})"
         params = [*traces, *runs]
+        # over an Iceberg lake only the files of these traces within the window are read
+        spans = _source(reader, "spans", "trace_id", traces, (lo, hi) if lo is not None or hi is not None else None)
     sql = (f"SELECT run_id || '@' || trace_id AS ref, trace_id, span_id, agent_name AS agent, "
            f"provider_name AS provider, coalesce(response_model, request_model) AS model, input_tokens, "
            f"output_tokens, start_time_unix_nano AS start_ns, {cols} "
-           f"FROM (SELECT *, {c_list} AS c FROM spans WHERE {where} AND ({OURS_ROLE}) = 'model')")
+           f"FROM (SELECT *, {c_list} AS c FROM {spans} WHERE {where} AND ({OURS_ROLE}) = 'model')")
     found = [_tidy(r) for r in _rows(reader, sql, params)]
     if refs is None:
         return found

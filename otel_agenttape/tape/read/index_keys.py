@@ -20,7 +20,7 @@ from typing import Any
 
 from ...store.ddl import RUN_KEY_SQL
 from ...store.reader import QueryError
-from ..load import Reader, _rows, lake_run_traces
+from ..load import Reader, _rows, _source, lake_run_traces
 
 _KEYS = (
     "SELECT run_id || '@' || trace_id AS ref, run_id, trace_id, true AS ours, "
@@ -44,6 +44,9 @@ def _index(reader: Reader) -> tuple[str, bool] | None:
         if getattr(reader, "kind", None) != "duckdb":
             return None
         index = "run_index"  # the writer's (every store a writer opened since has this layout)
+    keyed = getattr(reader, "run_index_keyed", None)  # an Iceberg lake's index: its files' null counts
+    if lake and keyed is not None and keyed():
+        return index, lake
     try:
         found = _rows(reader, f"SELECT count(*) FILTER (WHERE run_hash IS NULL) AS old FROM {index} "
                               f"WHERE {'run_id IS NOT NULL' if lake else 'true'}", [])
@@ -79,7 +82,8 @@ def first_page(reader: Reader, limit: int) -> tuple[list[dict[str, Any]], int] |
     runs = ", ".join(str(h) for h in sorted({int(r["run_hash"]) for r in top}))
     lo, hi = min(int(r["span_lo"]) for r in top), max(int(r["span_hi"]) for r in top)
     ids = _rows(reader, (
-        f"SELECT DISTINCT {RUN_KEY_SQL}, run_id, trace_id FROM spans WHERE start_time_unix_nano BETWEEN ? AND ? "
+        f"SELECT DISTINCT {RUN_KEY_SQL}, run_id, trace_id FROM {_source(reader, 'spans', None, [], (lo, hi))} "
+        "WHERE start_time_unix_nano BETWEEN ? AND ? "
         f"AND run_id IS NOT NULL AND md5_number_upper(run_id) IN ({runs})"), [lo, hi])
     named: dict[tuple[int, int], tuple[str, str]] = {}
     for r in ids:

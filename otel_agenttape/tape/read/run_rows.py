@@ -8,7 +8,7 @@ from typing import Any
 
 from ...store.run_keys import HAS_FOREIGN, NOT_CHECKPOINT, ours_parent_refs, ours_runs_select
 from ...store.runs_view import runs_select
-from ..load import Reader, _rows
+from ..load import Reader, _rows, _source
 
 RUN_COLUMNS = (
     "run_id, trace_id, span_id, agent, session_id, parent_run_id, status, start_time_unix_nano, "
@@ -73,7 +73,8 @@ def summaries(reader: Reader, keys: list[dict[str, Any]], oldest_first: bool = F
         traces = sorted({k["trace_id"] for k in ours})
         refs = sorted({k["ref"] for k in ours})
         lo, hi = min(k["span_lo"] for k in ours), max(k["span_hi"] for k in ours)
-        src = (f"(SELECT * FROM spans WHERE start_time_unix_nano BETWEEN {int(lo)} AND {int(hi)} "
+        spans = _source(reader, "spans", "trace_id", traces, (int(lo), int(hi)))  # an Iceberg lake: the newest files
+        src = (f"(SELECT * FROM {spans} WHERE start_time_unix_nano BETWEEN {int(lo)} AND {int(hi)} "
                f"AND trace_id IN ({marks(traces)}) AND run_id IN ({marks(runs)}))")
         found = _rows(reader, f"SELECT {RUN_COLUMNS}, run_span FROM ({ours_runs_select(src)}) r "
                       f"WHERE ref IN ({marks(refs)})", [*traces, *runs, *refs])
