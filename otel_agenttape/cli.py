@@ -132,6 +132,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="processes decoding and converting requests to rows (default: one per core, max 4; 0: none)")
     p.add_argument("--query-timeout", type=float, default=None, metavar="SECONDS",
                    help="interrupt a POST /api/query (and `agenttape sql`) query after this long (default 30; 0: never)")
+    p.add_argument("--memory-limit", default=_env("MEMORY_LIMIT"), metavar="SIZE",
+                   help="the receiver's memory, split between DuckDB, the ingest queue and the converter spool "
+                        "(default 512MB; env AGENTTAPE_MEMORY_LIMIT; see docs/operations.md)")
     from otel_agenttape.receiver import limits as lim  # the defaults live with the receiver (no heavy imports)
 
     p.add_argument("--max-body", type=int, default=lim.DEFAULT_MAX_BODY, metavar="BYTES",

@@ -227,6 +227,15 @@ def _served(db: str, info: dict[str, Any]) -> list[Check]:
     full = bool(limit) and totals.get("agenttape_queue_bytes", 0.0) >= limit
     checks.append(Check("receiver counters", not full, detail + ("; the ingest queue is full now (exports get 429)"
                                                                  if full else ""), values))
+    memory = {part: totals.get(name) for part, name in (("total", "agenttape_memory_limit_bytes"),
+                                                        ("store", "agenttape_store_memory_limit_bytes"),
+                                                        ("queue", "agenttape_queue_limit_bytes"),
+                                                        ("spool", "agenttape_spool_limit_bytes"))}
+    if memory["total"]:
+        checks.append(Check("receiver memory", True, f"budget {int(memory['total']) >> 20} MB (--memory-limit): "
+                            + ", ".join(f"{part} {int(v or 0) >> 20} MB" for part, v in memory.items()
+                                        if part != "total")
+                            + "; the process itself takes about 150 MB more", memory))
     past = []
     for name, label in _PAST.items():
         n = totals.get(name, 0.0)

@@ -39,6 +39,15 @@ def _limits(args: argparse.Namespace) -> Any:
         raise CliError(f"serve: {exc}") from None
 
 
+def _memory(value: str | None) -> Any:
+    from otel_agenttape.receiver.memory import MemoryBudget
+
+    try:
+        return MemoryBudget.of(value)
+    except ValueError as exc:
+        raise CliError(f"--memory-limit: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the OTLP receiver in the foreground until SIGINT/SIGTERM."""
     import signal
@@ -71,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         token=args.token,
         ingest_workers=args.ingest_workers,
         query_timeout=args.query_timeout,
+        memory_limit=_memory(args.memory_limit),
         warm_workers=True,
         lake=args.lake,
         receiver_id=args.receiver_id,

@@ -38,7 +38,7 @@ class Queued:
     seq: int
     kind: int
     request: Any  # the decoded message (stores without ``write_tables``), else None
-    payload: bytes  # the WAL record
+    payload: bytes | None  # the WAL record, while its rows are still to be built (else None)
     count: int
     size: int
     tables: Any = None  # rows.Tables when the request was converted before it was queued

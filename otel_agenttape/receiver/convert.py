@@ -98,15 +98,15 @@ def default_workers() -> int:
 class ConvertPool:
     """A lazily started pool of spawned converter processes."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, spool_bytes: int = spool.KEEP_TOTAL * 2) -> None:
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
         self._starting = False
         self._closed = False
         self._spool: str | None = None
-        self._bodies = spool.Recycler()  # spool files to write again
-        self._rows = spool.Recycler()
+        self._bodies = spool.Recycler(spool_bytes // 2)  # spool files to write again
+        self._rows = spool.Recycler(spool_bytes // 2)
 
     @property
     def running(self) -> bool:

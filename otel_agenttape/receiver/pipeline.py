@@ -140,8 +140,10 @@ class IngestPipeline:
                 self._in_flight -= 1
                 self._idle.notify_all()
             raise
-        # rows, or the bytes to convert them from; the message only for stores that take messages
-        item = Queued(seq, kind, None if self.converts else request, payload, count, size, tables)
+        # rows, or the bytes to convert them from; the message only for stores that take messages.
+        # The WAL holds the payload now: queued rows do not keep a second copy of it in memory.
+        keep = self.converts and tables is None or not self.converts and request is None
+        item = Queued(seq, kind, None if self.converts else request, payload if keep else None, count, size, tables)
         with self._lock:
             self._queue.append(item)
             backlog = self._reserved_items

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from otel_agenttape import semconv as sc
-from otel_agenttape.receiver.span_labels import flat
+from otel_agenttape.receiver.span_labels import flat, true_mask
 
 EVENT = sc.EVENT_EVALUATION_RESULT
 
@@ -51,8 +52,7 @@ def batch_scores(tables: dict[str, pa.Table]) -> list[dict[str, Any]]:
     owner: dict[str, tuple[Any, Any]] = {}
     events = tables.get("span_events")
     if events is not None and events.num_rows:
-        names = flat(events.column("name")).to_numpy(zero_copy_only=False)
-        hits = np.flatnonzero(names == EVENT)
+        hits = np.flatnonzero(true_mask(pc.equal(flat(events.column("name")), EVENT)))  # no str per event
         if len(hits) and spans is not None and spans.num_rows:
             sid = flat(spans.column("span_id")).to_pylist()
             agents = flat(spans.column("agent_name")).to_pylist()
@@ -68,9 +68,8 @@ def batch_scores(tables: dict[str, pa.Table]) -> list[dict[str, Any]]:
                     out.append(score)
     logs = tables.get("log_records")
     if logs is not None and logs.num_rows and "event_name" in logs.column_names:
-        names = flat(logs.column("event_name")).to_pylist()
-        hits = [i for i, n in enumerate(names) if n == EVENT]
-        if hits:
+        hits = np.flatnonzero(true_mask(pc.equal(flat(logs.column("event_name")), EVENT)))
+        if len(hits):
             attrs = flat(logs.column("attributes")).take(pa.array(hits)).to_pylist()
             services = flat(logs.column("service_name")).take(pa.array(hits)).to_pylist()
             for text, service in zip(attrs, services):

@@ -24,7 +24,8 @@ from otel_agenttape.receiver.grpc import GrpcReceiver
 from otel_agenttape.receiver.http import HttpContext, HttpReceiver
 from otel_agenttape.receiver.limits import DEFAULT_MAX_BODY, Limits
 from otel_agenttape.receiver.metrics import Metrics
-from otel_agenttape.receiver.pipeline import DEFAULT_MAX_QUEUE_BYTES, IngestPipeline
+from otel_agenttape.receiver.memory import MemoryBudget
+from otel_agenttape.receiver.pipeline import IngestPipeline
 from otel_agenttape.receiver.service import ExportService
 from otel_agenttape.receiver.wal import WriteAheadLog
 from otel_agenttape.store.reader import discovery_path
@@ -63,10 +64,10 @@ def default_receiver_id() -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).strip(".-_") or "receiver"
 
 
-def _open_store(db: str | None) -> Any:
+def _open_store(db: str | None, budget: MemoryBudget) -> Any:
     from otel_agenttape.store.writer import Store
 
-    return Store(db)
+    return Store(db, memory_limit=f"{max(1, budget.store >> 20)}MiB")
 
 
 class TapeServer:
@@ -82,7 +83,7 @@ class TapeServer:
         token: str | None = None,
         wal_dir: str | os.PathLike[str] | None = None,
         max_body: int = DEFAULT_MAX_BODY,
-        max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
+        max_queue_bytes: int | None = None,
         store: Any = None,
         grpc_enabled: bool = True,
         ingest_workers: int | None = None,
@@ -99,6 +100,7 @@ class TapeServer:
         span_metrics: bool = True,
         metrics_otlp_endpoint: str | None = None,
         metrics_otlp_interval: float = 15.0,
+        memory_limit: MemoryBudget | int | str | None = None,
     ) -> None:
         self.db = None if db is None else str(db)
         self.host = host
@@ -111,7 +113,9 @@ class TapeServer:
         self.max_body = self.limits.max_body
         self.http_routes = list(http_routes)  # more Starlette routes on the HTTP port (see receiver/http.py)
         self.http_fallback = http_fallback  # an ASGI app for every other HTTP path, instead of a 404
-        self.max_queue_bytes = max_queue_bytes
+        # DuckDB's memory_limit, the queue and the converter spool: one operator figure (memory.py)
+        self.memory = memory_limit if isinstance(memory_limit, MemoryBudget) else MemoryBudget.of(memory_limit)
+        self.max_queue_bytes = self.memory.queue if max_queue_bytes is None else max_queue_bytes
         self.grpc_enabled = grpc_enabled
         # processes decoding and converting requests to rows (None: one per core, up to 4; 0: in-process)
         self.ingest_workers = default_workers() if ingest_workers is None else ingest_workers
@@ -161,7 +165,7 @@ class TapeServer:
     def start(self) -> TapeServer:
         """Open the store, replay the WAL, bind the listeners; returns once ready to accept."""
         if self.store is None:
-            self.store = _open_store(self.db)
+            self.store = _open_store(self.db, self.memory)
         try:
             self.wal = WriteAheadLog(self.wal_dir)
             sink = None
@@ -170,7 +174,7 @@ class TapeServer:
 
                 sink = ParquetSink(self.parquet_dir)
             self.pipeline = IngestPipeline(self.store, self.wal, self.metrics, max_queue_bytes=self.max_queue_bytes,
-                                           sink=sink, pool=ConvertPool(self.ingest_workers),
+                                           sink=sink, pool=ConvertPool(self.ingest_workers, self.memory.spool),
                                            on_stored=self.span_metrics.observe if self.span_metrics else None)
             service = ExportService(self.pipeline, self.metrics, is_ready=lambda: self._ready,
                                     max_items=self.limits.max_spans_per_request)
@@ -469,6 +473,9 @@ class TapeServer:
             "agenttape_queue_items": ("Accepted spans and log records not yet in the store.", p.queued_items if p else 0),
             "agenttape_queue_requests": ("Accepted requests not yet in the store.", p.queued_requests if p else 0),
             "agenttape_queue_limit_bytes": ("Queue size past which requests get 429.", self.max_queue_bytes),
+            "agenttape_memory_limit_bytes": ("The receiver's memory budget (--memory-limit).", self.memory.total),
+            "agenttape_store_memory_limit_bytes": ("DuckDB's memory_limit, from the budget.", self.memory.store),
+            "agenttape_spool_limit_bytes": ("Converter hand-off files kept for reuse, at most.", self.memory.spool),
             "agenttape_queue_lag_seconds": ("Age of the oldest accepted request not yet in the store.",
                                             p.lag_seconds if p else 0),
             "agenttape_wal_lag_records": ("WAL records not yet applied to the store.", w.lag_records if w else 0),

@@ -37,12 +37,17 @@ def _int_of(value: Any) -> int | None:
 
 
 def _cache_tokens(attrs: pa.Array, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Cache-read and cache-write tokens of ``rows`` (0 where none is recorded)."""
+    """Cache-read and cache-write tokens of ``rows`` of ``attrs`` (0 where none is recorded). The
+    column is scanned in place for the word first: only the rows that name it are parsed."""
     read = np.zeros(len(rows), dtype=np.float64)
     write = np.zeros(len(rows), dtype=np.float64)
-    sub = attrs.take(pa.array(rows))
-    for i in rows_containing(sub, b"cache"):
-        text = sub[int(i)].as_py()
+    where = np.full(len(attrs), -1, dtype=np.int64)
+    where[rows] = np.arange(len(rows), dtype=np.int64)
+    for row in rows_containing(attrs, b"cache"):
+        i = where[row]
+        if i < 0:
+            continue
+        text = attrs[int(row)].as_py()
         try:
             doc = orjson.loads(text) if text else {}
         except orjson.JSONDecodeError:
@@ -74,7 +79,7 @@ def batch_usd(spans: pa.Table, rows: np.ndarray, prices: Prices) -> tuple[np.nda
     i_tok = pc.fill_null(inp, 0).to_numpy(zero_copy_only=False).astype(np.float64)
     o_tok = pc.fill_null(out, 0).to_numpy(zero_copy_only=False).astype(np.float64)
     start = flat(spans.column("start_time_unix_nano")).take(take).to_numpy(zero_copy_only=False)
-    cache_r, cache_w = _cache_tokens(flat(spans.column("attributes")).take(take), np.arange(n))
+    cache_r, cache_w = _cache_tokens(flat(spans.column("attributes")), rows)
     pairs = pc.binary_join_element_wise(pc.fill_null(provider, ""), pc.fill_null(model, ""), "\x00")
     pairs = pairs.dictionary_encode()
     codes = pairs.indices.to_numpy(zero_copy_only=False)

@@ -8,6 +8,7 @@ tuple inside one already grouped is derived from it without touching the rows ag
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -136,28 +137,34 @@ def error_types(spans: pa.Table, err: pa.Array) -> pa.Array:
 
 
 def rows_containing(strings: pa.Array, needle: bytes) -> np.ndarray:
-    """Indices of the strings that contain ``needle``: one ``bytes.find`` scan over the array's data
-    buffer (several times faster than ``pc.match_substring`` on long JSON), rows from the offsets."""
-    if strings.null_count:
-        strings = pc.fill_null(strings, "")
+    """Indices of the strings that contain ``needle``: one scan over the array's data buffer in place
+    (several times faster than ``pc.match_substring`` on long JSON, and no copy of a column that can
+    be a hundred MB in a large batch), rows from the offsets. Null rows never match."""
+    if isinstance(strings, pa.ExtensionArray):
+        strings = strings.storage
     offsets_buf, data_buf = strings.buffers()[1:3]
-    if data_buf is None:
+    if data_buf is None or not len(strings):
         return np.zeros(0, dtype=np.int64)
-    width = 8 if pa.types.is_large_string(strings.type) else 4
+    width = 8 if pa.types.is_large_string(strings.type) or pa.types.is_large_binary(strings.type) else 4
     offsets = np.frombuffer(offsets_buf, dtype=np.int64 if width == 8 else np.int32, count=len(strings) + 1,
                             offset=strings.offset * width)
-    data = data_buf.to_pybytes()
+    data = memoryview(data_buf)
     lo, hi = int(offsets[0]), int(offsets[-1])
+    pattern = re.compile(re.escape(needle))
     found = []
-    at = data.find(needle, lo, hi)
-    while at >= 0:
+    m = pattern.search(data, lo, hi)
+    while m is not None:
+        at = m.start()
         row = int(np.searchsorted(offsets, at, side="right")) - 1
         if at + len(needle) <= offsets[row + 1]:  # the match lies inside that string
             found.append(row)
-            at = data.find(needle, int(offsets[row + 1]), hi)  # next row
+            m = pattern.search(data, int(offsets[row + 1]), hi)  # next row
         else:
-            at = data.find(needle, at + 1, hi)
-    return np.asarray(found, dtype=np.int64)
+            m = pattern.search(data, at + 1, hi)
+    rows = np.asarray(found, dtype=np.int64)
+    if strings.null_count and len(rows):
+        rows = rows[strings.is_valid().to_numpy(zero_copy_only=False)[rows]]
+    return rows
 
 
 def flat(column: Any) -> pa.Array:

@@ -31,7 +31,7 @@ import pyarrow as pa
 _PREFIX = "agenttape-spool-"
 _SHM = "/dev/shm"
 _KEEP_BYTES = 16 << 20  # a larger file (one huge request) is removed after use
-_KEEP_TOTAL = 128 << 20  # per recycler
+KEEP_TOTAL = 128 << 20  # per recycler, unless the receiver's memory budget says otherwise
 
 
 def _base() -> str:
@@ -81,7 +81,8 @@ class Recycler:
     Under load the rows of a whole write batch (tens of requests) are freed at once and the next
     requests need as many files, hence a budget in bytes rather than a handful of files."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_total: int = KEEP_TOTAL) -> None:
+        self._keep_total = keep_total  # bytes of files kept at most (they live in shared memory)
         self._free: list[tuple[str, int]] = []
         self._bytes = 0
         # re-entrant: a collection that frees rows (and so calls ``give``) can run inside any method
@@ -97,7 +98,7 @@ class Recycler:
 
     def give(self, path: str, size: int) -> None:
         with self._lock:
-            keep = size <= _KEEP_BYTES and self._bytes + size <= _KEEP_TOTAL
+            keep = size <= _KEEP_BYTES and self._bytes + size <= self._keep_total
             if keep:
                 self._free.append((path, size))
                 self._bytes += size
