@@ -1,0 +1,96 @@
+"""Idle receiver memory: what ``agenttape serve`` holds on a large store after it has served reads.
+
+Builds a store of ``--spans`` spans (default 1,000,000; ``replay.py``'s builder), starts ``agenttape
+serve`` on it (its own process, free loopback ports), reads the first runs page, a run's replay and
+a 1 + 20 run tree through the console's API, waits ``--settle`` seconds and reads the process's
+resident memory (``VmRSS``, split into anonymous, file-backed and shared-memory pages). Baselines
+measured in the same run: the same server right after it started (before any read), and the floor
+of the code it loads (a bare interpreter that imports DuckDB, Arrow and the receiver, no store).
+
+    python bench/idle_memory.py [--spans 1000000] [--settle 3] [--dir DIR]
+
+Last line: ``idle_memory rss_mb=X started_mb=Y floor_mb=Z``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import replay  # noqa: E402  (the store builder)
+
+
+def memory_mb(pid: int | str = "self") -> dict[str, float]:
+    """VmRSS and its parts (MB) of a process."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def floor_mb() -> float:
+    """RSS of an interpreter that only imports what the receiver imports."""
+    code = ("import duckdb, pyarrow, pyarrow.ipc, otel_agenttape.receiver.server, otel_agenttape.receiver.http;"
+            "from pathlib import Path;"
+            "print([l for l in Path('/proc/self/status').read_text().splitlines() if l.startswith('VmRSS')][0].split()[1])")
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout) / 1024
+
+
+def get(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=120) as resp:
+        return json.loads(resp.read())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spans", type=int, default=1_000_000)
+    ap.add_argument("--settle", type=float, default=3.0)
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+    tmp = Path(args.dir or tempfile.mkdtemp(prefix="agenttape-idle-"))
+    db = str(tmp / "idle.duckdb")
+    print(f"building a store of {args.spans} spans in {db} ...", file=sys.stderr, flush=True)
+    ids = replay.build(db, args.spans)
+    proc = subprocess.Popen([sys.executable, "-m", "otel_agenttape.cli", "serve", "--db", db, "--http-port", "0",
+                             "--grpc-port", "0", "--json"], stdout=subprocess.PIPE, text=True)
+    try:
+        port = json.loads(proc.stdout.readline())["http_port"]
+        time.sleep(args.settle)
+        started = memory_mb(proc.pid)
+        base = f"http://127.0.0.1:{port}"
+        t0 = time.perf_counter()
+        page = get(f"{base}/api/runs")
+        get(f"{base}/api/runs/{ids['run']}/replay")
+        get(f"{base}/api/runs/{ids['tree']}/tree")
+        reads_s = time.perf_counter() - t0
+        served = memory_mb(proc.pid)
+        time.sleep(args.settle)
+        idle = memory_mb(proc.pid)
+        floor = floor_mb()
+        runs = len(page.get("runs", page) if isinstance(page, dict) else page)
+        print(f"reads: runs page ({runs} runs), replay, tree in {reads_s:.2f}s; peak during reads "
+              f"{served['VmHWM']:.0f} MB", file=sys.stderr)
+        for name, m in (("started", started), ("idle after reads", idle)):
+            print(f"{name}: {m['VmRSS']:.0f} MB = {m['RssAnon']:.0f} anonymous + {m['RssFile']:.0f} file-backed "
+                  f"(shared libraries) + {m['RssShmem']:.0f} shared memory", file=sys.stderr)
+        print(f"floor (imports only): {floor:.0f} MB; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+        print(f"idle_memory rss_mb={idle['VmRSS']:.0f} started_mb={started['VmRSS']:.0f} floor_mb={floor:.0f}")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
