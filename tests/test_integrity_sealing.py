@@ -176,3 +176,34 @@ def test_restored_tape_starts_a_new_signed_epoch(tmp_path) -> None:
     assert [(r.epoch, r.valid) for r in reports] == [(0, True), (1, True)]
     assert reports[1].restored_from.startswith(origin_for("again"))
     store.close()
+
+
+def test_a_run_end_checkpoint_is_signed_off_the_app_thread_and_flush_signs_what_waits() -> None:
+    import time
+
+    threads = []
+    provider, sealer, exporter = sealed_provider(on_checkpoint=lambda r: threads.append(threading.current_thread()))
+    tracer = provider.get_tracer("otel_agenttape")
+    with tracer.start_as_current_span("run", attributes={semconv.RUN_ID: "quick"}):
+        pass
+    deadline = time.monotonic() + 5
+    while not threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threads and threads[0] is not threading.current_thread()  # signed by the checkpoint thread
+    provider.shutdown()
+
+    # a delay longer than the test: force_flush and shutdown sign what waits before they return
+    provider, sealer, exporter = sealed_provider(checkpoint_delay_s=3600)
+    tracer = provider.get_tracer("otel_agenttape")
+    for run in ("a", "b"):
+        with tracer.start_as_current_span("run", attributes={semconv.RUN_ID: run}):
+            pass
+    assert not [s for s in exporter.get_finished_spans() if s.name == semconv.EVENT_CHECKPOINT]
+    provider.force_flush()
+    cps = [s for s in exporter.get_finished_spans() if s.name == semconv.EVENT_CHECKPOINT]
+    assert [s.attributes[semconv.CHECKPOINT_ORIGIN] for s in cps] == [origin_for("a"), origin_for("b")]
+    with tracer.start_as_current_span("run", attributes={semconv.RUN_ID: "c"}):
+        pass
+    provider.shutdown()
+    cps = [s for s in exporter.get_finished_spans() if s.name == semconv.EVENT_CHECKPOINT]
+    assert len(cps) == 3 and cps[-1].attributes[semconv.CHECKPOINT_ORIGIN] == origin_for("c")

@@ -136,6 +136,38 @@ def test_an_instrumented_langgraph_app_records_one_sealed_run_with_each_model_ca
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+@pytest.mark.skipif(INSTRUMENT is None, reason="opentelemetry-instrument is not installed")
+@pytest.mark.parametrize("ours", [True, False], ids=["our-processor", "agents-instrumentation"])
+def test_an_instrumented_agents_sdk_app_records_each_model_call_once(tmp_path, ours):
+    pytest.importorskip("agents")
+    db = str(tmp_path / "agents.duckdb")
+    calls: list = []
+    # the OpenAI SDK instrumentation is on (zero code) beside the Agents SDK's own record of each model
+    # call: our processor (added in the app's code) or the Agents SDK instrumentation the distro enabled
+    extra = () if ours else ("--sdk-only",)
+    app = _instrumented(db, "zero_code_agents_app.py", "Weather in Lyon?", "Weather in Oslo?", *extra, calls=calls,
+                        OTEL_SERVICE_NAME="forecast", OPENAI_AGENTS_DISABLE_TRACING="false")  # (other tests set it)
+    assert app.returncode == 0, app.stderr
+    assert "It is 57F in Lyon." in app.stdout and "Oslo" in app.stdout
+    assert "recorded once" in app.stderr and "openai_agents" in app.stderr  # the startup line says so
+    env = free_env()
+    listed = json.loads(_cli("runs", "--db", db, "--json", env=env).stdout)
+    # one model call recorded per request the model server got: two in the agent's run, one direct
+    assert len(calls) == 3 and sum(r["model_calls"] for r in listed) == 3, listed
+    with duckdb.connect(db, read_only=True) as con:  # and one span each in the store, whatever its scope
+        chats = con.execute("SELECT scope_name FROM spans WHERE name = 'chat gpt-test'").fetchall()
+    assert len(chats) == 3, chats
+    agent = [r for r in listed if r["agent"] == "forecaster"]  # (the instrumentation's under a workflow run)
+    assert len(agent) == 1 and agent[0]["model_calls"] == 2 and agent[0]["tool_calls"] == 1, listed
+    assert agent[0]["source"] == ("agenttape" if ours else "openai-agents"), agent
+    assert "Weather in Lyon?" in _cli("replay", "--db", db, agent[0]["ref"], "--json", env=env).stdout
+    direct = [r for r in listed if r["trace_id"] != agent[0]["trace_id"]]
+    assert len(direct) == 1 and direct[0]["model_calls"] == 1, listed  # the SDK call outside the agent
+    assert "Weather in Oslo?" in _cli("replay", "--db", db, direct[0]["ref"], "--json", env=env).stdout
+    verified = _cli("verify", "--db", db, env=env)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
 def test_every_setting_is_documented_with_its_variables():
     from otel_agenttape.capture.settings import OPTIONS
 
@@ -182,6 +214,17 @@ def test_an_instrumented_app_killed_with_the_receiver_down_loses_nothing_it_seal
                                      fake.base_url, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     env=dict(env, **more))
 
+        def signed_traces() -> set[str]:
+            """The traces whose checkpoint span the outbox holds."""
+            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+            out = set()
+            for rec in outboxfile.read_outbox(box) if box.exists() else ():
+                req = ExportTraceServiceRequest.FromString(rec.payload)
+                out |= {s.trace_id.hex() for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans
+                        if s.name == "agenttape.checkpoint"}
+            return out
+
         def logs_kept() -> int:
             return sum(r.items for r in outboxfile.read_outbox(box / outboxfile.LOGS_FOLDER))
 
@@ -193,8 +236,10 @@ def test_an_instrumented_app_killed_with_the_receiver_down_loses_nothing_it_seal
                     break
             else:
                 raise AssertionError(first.stderr.read())
-            deadline = time.monotonic() + 60  # both traces sealed and both log records written to the outbox
-            while len({t for t, _ in outbox_keys(box)} if box.exists() else ()) < 2 or logs_kept() < 2:
+            # both traces sealed and signed (the checkpoint thread signs within its short delay) and both
+            # log records written to the outbox
+            deadline = time.monotonic() + 60
+            while len(signed_traces()) < 2 or logs_kept() < 2:
                 assert time.monotonic() < deadline and first.poll() is None, first.stderr.read()
                 time.sleep(0.1)
             os.kill(first.pid, signal.SIGKILL)  # mid-run: the app holds, nothing flushed at exit

@@ -159,7 +159,7 @@ def describe(settings: Settings, *, enabled: Sequence[inst.Instrumentation] = ()
         parts.append("failed " + ", ".join(f"{i.label()}: {why}" for i, why in failed))
     libraries = [i.library for i in enabled]
     if model_calls.overlapping(libraries):
-        frameworks = sorted(set(libraries) & model_calls.FRAMEWORK_LIBRARIES)
+        frameworks = model_calls.frameworks(libraries)
         sdks = sorted(set(libraries) & model_calls.PROVIDER_LIBRARIES)
         parts.append(f"model calls made through {', '.join(frameworks)} recorded once, by its instrumentation "
                      f"({', '.join(sdks)} spans skipped inside them)")
@@ -322,6 +322,8 @@ def _instrument_kwargs(item: inst.Instrumentation) -> dict[str, Any]:
 def _after_instrumented(item: inst.Instrumentation) -> None:
     if _PROCESS.dedup and item.library in ("langchain", "langgraph"):
         model_calls.hook_langchain()
+    elif _PROCESS.dedup and item.library == "openai_agents":
+        model_calls.hook_openai_agents()
 
 
 class AgentTapeConfigurator:

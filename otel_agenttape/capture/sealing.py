@@ -6,6 +6,10 @@ tape is the local root of a trace, its id the first ``agenttape.run.id`` seen st
 (the root run) or else the trace id. At least every ``checkpoint_every`` spans or
 ``checkpoint_interval_s`` seconds (optionally at every model/tool node end), and at run end it signs a C2SP
 checkpoint, appends it to a local checkpoint file and exports it as an ``agenttape.checkpoint`` span.
+The checkpoint's contents (size, Merkle root, chain head) are fixed in the thread that ends the span; it
+is signed, filed and exported by the processor's checkpoint thread within ``checkpoint_delay_s`` (0.05 s),
+so an app whose every model call is a trace of its own does not sign in its own thread (``force_flush``
+and ``shutdown`` sign what is still waiting, in the caller's thread, before they return).
 Values OTLP cannot carry (integers beyond int64, unpaired surrogates, odd types) are replaced before
 hashing so that the leaf matches what the exporter sends; their keys are listed in
 ``agenttape.integrity.coerced``. Content values (``semconv.CONTENT_KEYS``) enter the leaf as salted
@@ -17,11 +21,13 @@ is forwarded unsealed and counted in ``errors``.
 from __future__ import annotations
 
 import base64
+import collections
 import logging
 import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -47,6 +53,7 @@ from otel_agenttape.integrity.note import Signer, sign_note
 _log = logging.getLogger(__name__)
 SCOPE = InstrumentationScope(semconv.SCOPE_INTEGRITY)
 NODE_TYPES = frozenset({"model", "tool"})
+MAX_PENDING = 1024  # checkpoints waiting for the checkpoint thread; past it, the span's thread signs
 _CHAIN_ID, _CHAIN_SEQ, _CHAIN_PREV, _CHAIN_HASH, _CHAIN_EPOCH = (
     semconv.CHAIN_ID, semconv.CHAIN_SEQ, semconv.CHAIN_PREV, semconv.CHAIN_HASH, semconv.CHAIN_EPOCH)
 _CHAIN_SALTS = semconv.CHAIN_SALTS
@@ -78,7 +85,11 @@ class SealingSpanProcessor(SpanProcessor):
     sealed model/tool node span; ``on_checkpoint(record)``: called with each checkpoint record;
     ``fsync`` (False): fsync the checkpoint file after each append; ``content_keys``: the attribute
     keys sealed as salted commitments (default ``semconv.CONTENT_KEYS``; an empty set seals v1 leaves);
-    ``salt_source(n)``: n random bytes (default ``os.urandom``; fixed salts are for test vectors only).
+    ``salt_source(n)``: n random bytes (default ``os.urandom``; fixed salts are for test vectors only);
+    ``checkpoint_delay_s`` (0.05): the longest a due checkpoint waits for the checkpoint thread to sign
+    and export it (0: signed at once in the thread that ends the span). At most ``MAX_PENDING``
+    checkpoints wait; beyond that the span's thread signs them itself. An opening checkpoint (filed at
+    once so that a restart opens the next epoch) is signed in the span's thread, with any waiting before it.
     """
 
     def __init__(
@@ -97,6 +108,7 @@ class SealingSpanProcessor(SpanProcessor):
         fsync: bool = False,
         content_keys: frozenset[str] | None = None,
         salt_source: Callable[[int], bytes] | None = None,
+        checkpoint_delay_s: float = 0.05,
     ) -> None:
         self.next_processor = next_processor
         self.content_keys = CONTENT_KEYS if content_keys is None else frozenset(content_keys)
@@ -129,8 +141,17 @@ class SealingSpanProcessor(SpanProcessor):
         self.coerced = 0
         self._file_lock = threading.Lock()
         self._last_epochs = self._read_epochs()
+        self.checkpoint_delay_s = max(0.0, float(checkpoint_delay_s))
+        # checkpoints fixed but not yet signed, in the order they were taken (appended under the
+        # state's lock); signed one at a time, in that order, under _emit_lock
+        self._pending: collections.deque[tuple[Tape, Checkpoint, int]] = collections.deque()
+        self._emit_lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._timer: threading.Thread | None = None
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: (ref() or (lambda: None))())
 
     # the settings and the count live in the state the compiled step reads (sealing_fast.SealState)
     checkpoint_every = property(lambda self: self._state.every, doc="a checkpoint at least every N spans")
@@ -175,7 +196,7 @@ class SealingSpanProcessor(SpanProcessor):
         except Exception:
             self.errors += 1
         if due is not None:
-            self._emit_checkpoint(*due)
+            self._checkpoint_due()
         if self.on_node is not None and sealed is not span:
             if raw_attributes(sealed).get(semconv.NODE_TYPE) in NODE_TYPES:
                 try:
@@ -185,6 +206,7 @@ class SealingSpanProcessor(SpanProcessor):
 
     def shutdown(self) -> None:
         self._stop.set()
+        self._wake.set()
         try:
             self.checkpoint_all(close=True)
         except Exception:
@@ -229,8 +251,8 @@ class SealingSpanProcessor(SpanProcessor):
 
     def _seal(self, span: ReadableSpan, sealed_hash: tuple[bytes, str | None] | None = None
               ) -> tuple[ReadableSpan, tuple | None]:
-        """The sealed copy of ``span`` and the checkpoint now due (``sealed_hash``: its leaf hash and
-        salts attribute, if known)."""
+        """The sealed copy of ``span`` and the checkpoint now due, if one is (``sealed_hash``: its leaf
+        hash and salts attribute, if known). A due checkpoint is already queued for signing."""
         state = self._state
         if not state.seal_foreign and not _ours(span):
             return span, None
@@ -273,8 +295,8 @@ class SealingSpanProcessor(SpanProcessor):
                 due = self._snapshot(tape, now)
             if closing:
                 del state.tapes[trace_id]
-        if opening is not None:
-            self._emit_checkpoint(*opening)
+        if opening is not None:  # filed now (with any waiting before it): see _open_chain
+            self._sign_pending(upto=opening)
         if self._timer is None:  # (started by the first span sealed: the compiled step needs an open chain)
             self._ensure_timer()
         # the forwarded copy: one new attribute dict, one shallow copy of the span
@@ -305,6 +327,8 @@ class SealingSpanProcessor(SpanProcessor):
         return self._snapshot(tape, time.monotonic())
 
     def _snapshot(self, tape: Tape, now: float) -> tuple | None:
+        """Fix the tape's checkpoint at its chain's current size and queue it for signing (called
+        under the state's lock, so the queue holds the checkpoints in the order they were taken)."""
         chain = tape.chain
         if chain is None or chain.size == tape.last_cp_size:
             return None
@@ -313,8 +337,40 @@ class SealingSpanProcessor(SpanProcessor):
         ext = [f"chain {chain.head}"]
         if chain.size == 0 and tape.restore_ext:
             ext.append(tape.restore_ext)
-        cp = Checkpoint(chain.origin, chain.size, chain.root(), tuple(ext))
-        return (tape, cp, chain.epoch)
+        root = chain.root()
+        cp = Checkpoint(chain.origin, chain.size, root, tuple(ext))
+        # what a later epoch of this tape id names as its predecessor: known now, signed or not yet
+        self._last_epochs[tape.chain_id] = {"epoch": chain.epoch, "origin": chain.origin, "size": chain.size,
+                                            "root": base64.b64encode(root).decode()}
+        due = (tape, cp, chain.epoch)
+        self._pending.append(due)
+        return due
+
+    def _checkpoint_due(self) -> None:
+        """A checkpoint was queued in the span's thread: wake the checkpoint thread, or sign here when
+        there is none (``checkpoint_delay_s`` 0, no thread yet) or too many wait."""
+        if (self.checkpoint_delay_s <= 0 or self._timer is None or self._stop.is_set()
+                or len(self._pending) > MAX_PENDING):
+            self._sign_pending()
+        elif not self._wake.is_set():
+            self._wake.set()
+
+    def _sign_pending(self, upto: tuple | None = None) -> int:
+        """Sign, file and export the queued checkpoints, oldest first (any thread): all of them, or
+        those up to and including ``upto``."""
+        done = 0
+        pending = self._pending
+        with self._emit_lock:
+            while pending:
+                try:
+                    due = pending.popleft()
+                except IndexError:
+                    break
+                self._emit_checkpoint(*due)
+                done += 1
+                if due is upto:
+                    break
+        return done
 
     def _emit_checkpoint(self, tape: Tape, cp: Checkpoint, epoch: int) -> None:
         try:
@@ -325,7 +381,6 @@ class SealingSpanProcessor(SpanProcessor):
                 "time_unix_nano": time.time_ns(), "vkey": self.vkey, "note": note,
             }
             self.checkpoints += 1
-            self._last_epochs[tape.chain_id] = record
             if self.checkpoint_file is not None:
                 self._append(record)
             if self.export_checkpoints:
@@ -353,19 +408,18 @@ class SealingSpanProcessor(SpanProcessor):
         )
 
     def checkpoint_all(self, close: bool = False) -> int:
-        """Checkpoint every open tape with unsigned entries (``close``: and forget the tapes)."""
-        due = []
+        """Checkpoint every open tape with unsigned entries (``close``: and forget the tapes), and sign
+        every checkpoint still waiting for the checkpoint thread, before returning."""
+        count = 0
         with self._state.lock:
             now = time.monotonic()
             for tape in list(self._state.tapes.values()):
-                snap = self._snapshot(tape, now)
-                if snap is not None:
-                    due.append(snap)
+                if self._snapshot(tape, now) is not None:
+                    count += 1
             if close:
                 self._state.tapes.clear()
-        for d in due:
-            self._emit_checkpoint(*d)
-        return len(due)
+        self._sign_pending()
+        return count
 
     # --- checkpoint file and timer ------------------------------------------------------------------
 
@@ -392,29 +446,45 @@ class SealingSpanProcessor(SpanProcessor):
         return out
 
     def _ensure_timer(self) -> None:
-        if self._timer is not None or self.checkpoint_interval_s <= 0:
+        if self._timer is not None or (self.checkpoint_interval_s <= 0 and self.checkpoint_delay_s <= 0):
             return
         with self._state.lock:
-            if self._timer is not None:
+            if self._timer is not None or self._stop.is_set():
                 return
             self._timer = threading.Thread(target=self._tick, name="agenttape-checkpoints", daemon=True)
             self._timer.start()
 
     def _tick(self) -> None:
-        while not self._stop.wait(self.checkpoint_interval_s):
+        """The checkpoint thread: signs queued checkpoints ``checkpoint_delay_s`` after the first of
+        them woke it (those queued meanwhile with it), and takes the checkpoints due by time every
+        ``checkpoint_interval_s``."""
+        interval = self.checkpoint_interval_s
+        next_scan = time.monotonic() + interval
+        while not self._stop.is_set():
             try:
-                due = []
-                with self._state.lock:
-                    now = time.monotonic()
-                    for tape in self._state.tapes.values():
-                        if now >= tape.due_time:
-                            snap = self._snapshot(tape, now)
-                            if snap is not None:
-                                due.append(snap)
-                for d in due:
-                    self._emit_checkpoint(*d)
+                timeout = max(0.0, next_scan - time.monotonic()) if interval > 0 else None
+                if self._wake.wait(timeout):
+                    if self._stop.is_set() or self._stop.wait(self.checkpoint_delay_s):
+                        return  # shutdown signs what waits, in its own thread
+                    self._wake.clear()
+                    self._sign_pending()
+                if interval > 0 and time.monotonic() >= next_scan:
+                    with self._state.lock:
+                        now = time.monotonic()
+                        for tape in self._state.tapes.values():
+                            if now >= tape.due_time:
+                                self._snapshot(tape, now)
+                    self._sign_pending()
+                    next_scan = time.monotonic() + interval
             except Exception:
                 self.errors += 1
+
+    def _after_fork(self) -> None:
+        # The child has no checkpoint thread, and the parent signs the checkpoints it had queued.
+        self._pending.clear()
+        self._emit_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._timer = None
 
 
 def _ours(span: Any) -> bool:

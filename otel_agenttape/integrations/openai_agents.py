@@ -16,6 +16,9 @@ Generation, response, handoff and guardrail spans have no children, so they are 
 end, with the SDK's start and end times; agent and function spans start a span at once and make it
 current, so spans of other instrumentations inside a tool (an MCP client, an HTTP client) nest under
 it.
+
+A model call is recorded once: the OpenAI SDK's instrumentation, when it is on too (zero code), skips
+its own span inside a generation or response span this processor records (``capture.model_calls``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from otel_agenttape import semconv as sc
+from otel_agenttape.capture import model_calls
 from otel_agenttape.capture.api import current_run
 from otel_agenttape.capture.events import AgentEvent, EventType
 
@@ -119,6 +123,7 @@ class AgentTapeProcessor(TracingProcessor):
     @guarded
     def on_span_start(self, span: Any) -> None:
         kind = span.span_data.type
+        model_calls.agents_call_started(span)  # the OpenAI SDK's own span inside it is not recorded again
         with self._lock:
             self._parents[span.span_id] = (span.parent_id, span.trace_id)
             if kind == "agent":
@@ -129,6 +134,7 @@ class AgentTapeProcessor(TracingProcessor):
     @guarded
     def on_span_end(self, span: Any) -> None:
         kind = span.span_data.type
+        model_calls.agents_call_ended(span)
         with self._lock:
             if kind == "agent":
                 self._agent_end(span)
