@@ -221,3 +221,25 @@ def test_overrides_and_dataset_rows(env, recorded, tmp_path):
     code, _ = _cli("experiment", "run", "x", "--model", "m", "--dataset", str(tmp_path / "missing.jsonl"),
                    "--db", env["db"])
     assert code == 2
+
+
+def test_cli_compare_runs_built_in_and_module_evaluators_on_both_sides(env, recorded, tmp_path, monkeypatch):
+    (tmp_path / "terse_eval.py").write_text("def terse(run):\n    return 'checking' in run.output.casefold()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, text = _cli("experiment", "compare", "b", "--db", env["db"], "--json", "--eval", r"regex=it is \d+F",
+                      "--eval", "terse_eval:terse", "--eval", "json_valid", "--fail-if", "regex<0.5")
+    s = json.loads(text)["summary"]
+    # of the four model calls a side, two answer with the weather: the originals say "In Paris it is ..F.",
+    # candidate b "Paris: ..F"; the other two ask for the tool ("Checking." / "  checking. ")
+    assert s["regex_baseline"] == 0.5 and s["regex"] == 0.0
+    assert s["terse_baseline"] == 0.5 and s["terse"] == 0.5
+    assert s["json_valid"] == 0.0 and s["json_valid_baseline"] == 0.0
+    assert code == 1  # the candidate's regex score is under the gate
+    code, err = _cli("experiment", "compare", "b", "--db", env["db"], "--eval", "contains")
+    assert code == 2
+    code, _ = _cli("experiment", "compare", "b", "--db", env["db"], "--eval", "no_such_check")
+    assert code == 2
+    code, _ = _cli("experiment", "compare", "b", "--db", env["db"], "--eval", "regex=a", "--eval", "regex=b")
+    assert code == 2
+    register_evaluator("terse", None)

@@ -62,7 +62,8 @@ def add_parser(sub: Any, source_args: Any) -> None:
     q.add_argument("name", metavar="NAME")
     q.add_argument("--baseline", default="original", metavar="original|OTHER",
                    help="the recorded nodes (default) or another experiment")
-    q.add_argument("--eval", action="append", default=[], metavar="E", help="a registered evaluator, run on both sides")
+    q.add_argument("--eval", action="append", default=[], metavar="E", help="an evaluator run on both sides' model calls: json_valid, contains=TEXT, regex=RE, "
+                        "exact_match=FILE, latency_budget=MS, MODULE:FUNCTION, or one registered in Python")
     q.add_argument("--fail-if", action="append", default=[], metavar="GATE", help='e.g. "answer_same<0.9"')
     q.add_argument("--json", action="store_true")
     source_args(q, prices=True)
@@ -111,8 +112,19 @@ def _fmt(value: Any) -> str:
 def _compare(args: argparse.Namespace, out: TextIO) -> int:
     from otel_agenttape.tape.experiment_compare import check_gates
 
+    from otel_agenttape.commands.eval import load_custom
+    from otel_agenttape.tape.evaluate import as_evaluator
+    from otel_agenttape.tape.experiment_compare import EVALUATORS, on_nodes, register_evaluator
+
+    evals = []
+    for spec in args.eval:  # MODULE:FUNCTION, a function of a run: scored on each side's model call, as FUNCTION
+        if spec not in EVALUATORS and ":" in spec and "=" not in spec.split(":", 1)[0]:
+            name = spec.rsplit(":", 1)[1]
+            register_evaluator(name, on_nodes(as_evaluator(load_custom(spec))))
+            spec = name
+        evals.append(spec)
     with open_tapes(args) as tapes:
-        cmp = tapes.compare(args.name, baseline=args.baseline, evals=args.eval)
+        cmp = tapes.compare(args.name, baseline=args.baseline, evals=evals)
     summary = cmp.summary()
     gates = check_gates(summary, args.fail_if)
     if args.json:

@@ -33,6 +33,86 @@ def register_evaluator(name: str, fn: Evaluator | None) -> None:
         EVALUATORS[name] = fn
 
 
+class NodeRun:
+    """A model node as a run evaluator (``tape.evaluate.Evaluator``) sees a run: ``output`` is its answer's
+    text, ``input`` its prompt, ``duration_ms`` its call's; any other name is the node's own field."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    @property
+    def output(self) -> str:
+        return self.node.output_text
+
+    @property
+    def input(self) -> list[Any]:
+        return self.node.prompt
+
+    @property
+    def input_text(self) -> str:
+        """The last user message's text (what a reference file's ``input`` is matched with)."""
+        for m in reversed(self.node.prompt):
+            if getattr(m, "role", None) == "user":
+                return m.content()
+        return ""
+
+    @property
+    def duration_ms(self) -> float:
+        return (self.node.end_ns - self.node.start_ns) / 1e6
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.node, name)
+
+
+def on_nodes(ev: Any) -> Evaluator:
+    """A run evaluator (a built-in of ``agenttape eval``, or ``MODULE:FUNCTION``) as a node evaluator: its
+    value on each side's model call (None when it fails or does not apply)."""
+
+    def score(node: Node) -> float | None:
+        res = ev(NodeRun(node))
+        return None if res is None or res.error_type else res.value
+
+    return score
+
+
+# built-ins of ``agenttape eval`` that read what one model call holds: ``NAME`` or ``NAME=ARGUMENT``
+_NODE_BUILTINS = {"json_valid": None, "regex": "pattern", "contains": "pattern", "exact_match": "reference",
+                  "latency_budget": "budget_ms"}
+
+
+def resolve_evaluator(spec: str) -> tuple[str, Evaluator] | None:
+    """``--eval SPEC`` as (metric name, node evaluator): one registered by that name, or a built-in run
+    evaluator given as ``json_valid``, ``contains=TEXT``, ``regex=RE``, ``exact_match=FILE`` or
+    ``latency_budget=MS``, named by the built-in (``regex``); None: neither."""
+    if spec in EVALUATORS:
+        return spec, EVALUATORS[spec]
+    name, eq, arg = spec.partition("=")
+    if name not in _NODE_BUILTINS:
+        return None
+    from .evaluators import builtin
+
+    option = _NODE_BUILTINS[name]
+    if option is None and eq:
+        raise ExperimentError(f"--eval {spec}: {name} takes no argument")
+    if option is not None and not arg:
+        raise ExperimentError(f"--eval {spec}: give {name}=ARGUMENT (its {option})")
+    kwargs: dict[str, Any] = {}
+    if option == "budget_ms":
+        try:
+            kwargs[option] = float(arg)
+        except ValueError:
+            raise ExperimentError(f"--eval {spec}: {arg!r} is not a number of milliseconds") from None
+    elif option is not None:
+        kwargs[option] = arg
+    try:
+        ev = builtin(name, **kwargs)
+    except (ValueError, OSError) as exc:
+        raise ExperimentError(f"--eval {spec}: {exc}") from None
+    return name, on_nodes(ev)
+
+
 def node_cost(node: Node | None, prices: Any) -> float | None:
     """One model node's dollars at ``prices`` (None: no node, no prices, or no price for its model)."""
     if node is None or prices is None:
@@ -235,10 +315,21 @@ def compare(tapes: Any, name: str, *, baseline: str = "original", evals: Sequenc
     A node-level experiment reads only the model calls compared (``iter_answers``, in trace batches), not
     whole runs; ``prompts`` (default: when evaluators are named, as they may read them) also reads each
     side's prompt (``Node.prompt``), which the comparison itself does not need."""
-    missing = [e for e in evals if e not in EVALUATORS]
+    resolved: dict[str, Evaluator] = {}
+    missing = []
+    for e in evals:
+        got = resolve_evaluator(e)
+        if got is None:
+            missing.append(e)
+        elif got[0] in resolved:
+            raise ExperimentError(f"two evaluators would both be reported as {got[0]!r}: give one of them "
+                                  "a name of its own (register_evaluator)")
+        else:
+            resolved[got[0]] = got[1]
     if missing:
         raise ExperimentError(f"no evaluator named {', '.join(missing)} (registered: "
-                              f"{', '.join(sorted(EVALUATORS)) or 'none'})")
+                              f"{', '.join(sorted(EVALUATORS)) or 'none'}; built in: "
+                              f"{', '.join(n if o is None else f'{n}=...' for n, o in _NODE_BUILTINS.items())})")
     mine = experiment_refs(tapes, name)
     if not mine:
         raise ExperimentError(f"no experiment named {name!r}")
@@ -261,11 +352,11 @@ def compare(tapes: Any, name: str, *, baseline: str = "original", evals: Sequenc
         base_ref, base_node = base_of[key]
         pair = Pair(key[0], key[1], ref, base_ref, base_node, node, error)
         pair.costs = {"baseline": node_cost(base_node, prices), "candidate": node_cost(pair.candidate, prices)}
-        for e in evals:
-            pair.scores[e] = {"baseline": _score(e, base_node),
-                              "candidate": None if pair.error else _score(e, pair.candidate)}
+        for e, fn in resolved.items():
+            pair.scores[e] = {"baseline": _score(fn, base_node),
+                              "candidate": None if pair.error else _score(fn, pair.candidate)}
         pairs.append(pair)
-    return Comparison(name, baseline, pairs, list(evals))
+    return Comparison(name, baseline, pairs, list(resolved))
 
 
 Sides = tuple[dict[str, tuple["Node | None", "str | None"]], dict[tuple[str, str], tuple["str | None", "Node | None"]]]
@@ -315,11 +406,11 @@ def _model_calls(tapes: Any, latest: dict[tuple[str, str], str], baseline: str,
     return candidates, base
 
 
-def _score(name: str, node: Node | None) -> float | None:
+def _score(fn: Evaluator, node: Node | None) -> float | None:
     if node is None:
         return None
     try:
-        value = EVALUATORS[name](node)
+        value = fn(node)
     except Exception:
         return None
     return None if value is None else float(value)
