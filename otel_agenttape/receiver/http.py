@@ -186,22 +186,7 @@ class _App:
         if scope["method"] != "POST":
             await _send(send, scope, _status_reply(HttpError(405, "use POST for /api/query")))
             return
-        try:
-            body, reserved = await read_body(scope, receive, self.limits, self.budget, _QUERY_BODY_LIMIT)
-        except ClientGone:
-            return
-        except HttpError as exc:
-            await _send(send, scope, _Reply(exc.status, orjson.dumps({"error": str(exc)}), JSON,
-                                            {"connection": "close"} if exc.close else {}))
-            return
-        try:
-            status, content_type, out = await asyncio.get_running_loop().run_in_executor(
-                self.reads, self.ctx.run_query, body)
-        except Exception as exc:  # noqa: BLE001 - report, keep serving
-            status, content_type, out = 500, JSON, orjson.dumps({"error": f"query failed: {exc}"})
-        finally:
-            self.budget.give(reserved)
-        await _send(send, scope, _Reply(status, out, content_type))
+        await self._run_on_body(scope, receive, send, self.ctx.run_query, "query")
 
     async def erase(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """``POST /api/erase``: an erasure in the store while ingest goes on (``TapeServer.erase``). It
@@ -218,6 +203,11 @@ class _App:
         if scope["method"] != "POST":
             await _send(send, scope, _status_reply(HttpError(405, "use POST for /api/erase")))
             return
+        await self._run_on_body(scope, receive, send, self.ctx.run_erase, "erasure")
+
+    async def _run_on_body(self, scope: dict[str, Any], receive: Any, send: Any, handler: Any, what: str) -> None:
+        """Read a JSON request body within the limits and answer what ``handler(body)`` returns (status,
+        content type, bytes), run on the read threads; a failure is a 500 and the server goes on."""
         try:
             body, reserved = await read_body(scope, receive, self.limits, self.budget, _QUERY_BODY_LIMIT)
         except ClientGone:
@@ -227,10 +217,9 @@ class _App:
                                             {"connection": "close"} if exc.close else {}))
             return
         try:
-            status, content_type, out = await asyncio.get_running_loop().run_in_executor(
-                self.reads, self.ctx.run_erase, body)
+            status, content_type, out = await asyncio.get_running_loop().run_in_executor(self.reads, handler, body)
         except Exception as exc:  # noqa: BLE001 - report, keep serving
-            status, content_type, out = 500, JSON, orjson.dumps({"error": f"erasure failed: {exc}"})
+            status, content_type, out = 500, JSON, orjson.dumps({"error": f"{what} failed: {exc}"})
         finally:
             self.budget.give(reserved)
         await _send(send, scope, _Reply(status, out, content_type))

@@ -204,10 +204,7 @@ class EvalRun:
     @property
     def input_text(self) -> str:
         """The last user message's text (what a reference file's ``input`` is matched with)."""
-        for m in reversed(self.run.input):
-            if getattr(m, "role", None) == "user":
-                return m.content()
-        return ""
+        return last_user_text(self.run.input)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -220,6 +217,14 @@ class EvalRun:
 # ``tools`` is the rebuilt run's (its calls, with arguments, results and errors); ``summary.tools`` names them
 _SUMMARY_FIELDS = frozenset(RunSummary.__dataclass_fields__) - {"cost_usd", "priced_calls", "unpriced_calls",
                                                                  "tools"}
+
+
+def last_user_text(messages: Any) -> str:
+    """The text of the last user message of ``messages`` ("" without one)."""
+    for m in reversed(messages):
+        if getattr(m, "role", None) == "user":
+            return m.content()
+    return ""
 
 
 def message_text(message: Any) -> str:

@@ -51,10 +51,9 @@ class NodeRun:
     @property
     def input_text(self) -> str:
         """The last user message's text (what a reference file's ``input`` is matched with)."""
-        for m in reversed(self.node.prompt):
-            if getattr(m, "role", None) == "user":
-                return m.content()
-        return ""
+        from .evaluate import last_user_text
+
+        return last_user_text(self.node.prompt)
 
     @property
     def duration_ms(self) -> float:
