@@ -1,6 +1,7 @@
 """`agenttape doctor` reports the store, a running receiver, and makes rejected data visible."""
 
 import json
+import os
 
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -86,7 +87,10 @@ def test_doctor_says_which_compiled_paths_run(tmp_path, capsys):
     _, checks = _doctor(capsys, tmp_path / "missing.duckdb")
     states = checks["compiled paths"]["data"]
     assert set(states) == set(native.MODULES)
-    assert all(state == ("compiled" if native.load(n) else "not built") for n, state in states.items())
+    off = os.environ.get("AGENTTAPE_NO_NATIVE", "") not in ("", "0")  # the suite may run with the pure path
+    want = (lambda n: "turned off (AGENTTAPE_NO_NATIVE)") if off else (
+        lambda n: "compiled" if native.load(n) else "not built")
+    assert all(state == want(n) for n, state in states.items())
     # turned off in another process: every module says so
     out = subprocess.run([sys.executable, "-m", "otel_agenttape.cli", "doctor", "--db", str(tmp_path / "x.duckdb"),
                           "--json"], capture_output=True, text=True, env={**__import__("os").environ,
