@@ -7,9 +7,10 @@ coordinator with 20 child runs, each child in its own trace linked by ``agenttap
 The rows go into a DuckDB store through ``Store.write_tables`` (the receiver's write path, which
 also keeps ``run_index``) and are exported to a Parquet lake with ``export_parquet`` (with its
 ``run_traces`` index). Then it times ``reconstruct`` of the 100-node run and ``reconstruct_tree`` of
-the 1 + 20 tree from each, and prints the medians (targets: 50 ms for the run, 200 ms for the tree).
+the 1 + 20 tree from each, and prints the medians (targets: 10 ms for the run, 25 ms for the tree
+from the DuckDB store; 50 and 200 ms from the lake), and how much of each is the store's queries.
 
-    python bench/replay.py [--spans 1000000] [--repeat 15] [--dir DIR]
+    python bench/replay.py [--spans 1000000] [--repeat 15] [--dir DIR [--reuse]]
 
 Last line: ``replay run_ms=X tree_ms=Y parquet_run_ms=Z parquet_tree_ms=W``.
 """
@@ -208,15 +209,61 @@ def median_ms(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def measure(reader, ids: dict[str, str], repeat: int) -> tuple[float, float]:
+def split(reader, fn, repeat: int) -> tuple[float, float, int]:
+    """Where one rebuild's time goes: (median ms inside the store's queries, median ms of the rest,
+    queries a rebuild runs), measured on rebuilds of their own after the timed ones."""
+    spent: list[float] = []
+    query = reader.query
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return query(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - start)
+
+    reader.query = timed
+    try:
+        sql, rest, count = [], [], 0
+        for _ in range(repeat):
+            spent.clear()
+            start = time.perf_counter()
+            fn()
+            total = time.perf_counter() - start
+            sql.append(sum(spent) * 1000)
+            rest.append((total - sum(spent)) * 1000)
+            count = len(spent)
+    finally:
+        del reader.query
+    return statistics.median(sql), statistics.median(rest), count
+
+
+def measure(reader, ids: dict[str, str], repeat: int, label: str = "") -> tuple[float, float]:
     from otel_agenttape.tape import reconstruct, reconstruct_tree
 
     run = reconstruct(reader, ids["run"])
     assert len(run.nodes) == 100, len(run.nodes)
     tree = reconstruct_tree(reader, ids["tree"])
     assert tree.run_count == 21, tree.run_count
-    return (median_ms(lambda: reconstruct(reader, ids["run"]), repeat),
-            median_ms(lambda: reconstruct_tree(reader, ids["tree"]), repeat))
+    out = (median_ms(lambda: reconstruct(reader, ids["run"]), repeat),
+           median_ms(lambda: reconstruct_tree(reader, ids["tree"]), repeat))
+    for name, fn in (("run", lambda: reconstruct(reader, ids["run"])),
+                     ("tree", lambda: reconstruct_tree(reader, ids["tree"]))):
+        sql_ms, rest_ms, count = split(reader, fn, repeat)
+        print(f"  {label}{name}: {sql_ms:.1f} ms in {count} store queries, {rest_ms:.1f} ms building "
+              f"(Python)", flush=True)
+    return out
+
+
+def stored_ids(db: str) -> dict[str, str]:
+    """The ids ``build`` wrote into an existing bench store (``--reuse``)."""
+    from otel_agenttape.store.reader import open_reader
+
+    with open_reader(db) as reader:
+        found = reader.query("SELECT agent_name, any_value(run_id) AS run_id FROM spans WHERE agent_name IN "
+                             "('big', 'coordinator') AND run_id IS NOT NULL GROUP BY agent_name").to_pylist()
+    by_agent = {r["agent_name"]: r["run_id"] for r in found}
+    return {"run": by_agent["big"], "tree": by_agent["coordinator"]}
 
 
 def main() -> int:
@@ -224,6 +271,7 @@ def main() -> int:
     ap.add_argument("--spans", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--dir", default=None, help="where to build the store (default: a temp folder)")
+    ap.add_argument("--reuse", action="store_true", help="measure the store and lake already in --dir")
     args = ap.parse_args()
     from otel_agenttape.store.parquet import export_parquet
     from otel_agenttape.store.reader import open_reader
@@ -232,20 +280,26 @@ def main() -> int:
     os.makedirs(folder, exist_ok=True)
     db = os.path.join(folder, "bench.duckdb")
     lake = os.path.join(folder, "lake")
-    for path in (db, db + ".wal"):
-        if os.path.exists(path):
-            os.remove(path)
-    start = time.perf_counter()
-    ids = build(db, args.spans)
-    print(f"built in {time.perf_counter() - start:.1f}s", flush=True)
-    with open_reader(db) as reader:
+    if args.reuse and os.path.exists(db) and os.path.isdir(lake):
+        ids = stored_ids(db)
+        print(f"reusing the store and lake in {folder}", flush=True)
+    else:
+        for path in (db, db + ".wal"):
+            if os.path.exists(path):
+                os.remove(path)
         start = time.perf_counter()
-        export_parquet(reader, lake, overwrite=True)
-        print(f"parquet lake exported in {time.perf_counter() - start:.1f}s", flush=True)
-        run_ms, tree_ms = measure(reader, ids, args.repeat)
-    print(f"duckdb: run {run_ms:.1f} ms (target 50), tree {tree_ms:.1f} ms (target 200)", flush=True)
+        ids = build(db, args.spans)
+        print(f"built in {time.perf_counter() - start:.1f}s", flush=True)
+        with open_reader(db) as reader:
+            start = time.perf_counter()
+            export_parquet(reader, lake, overwrite=True)
+            print(f"parquet lake exported in {time.perf_counter() - start:.1f}s", flush=True)
+    print(f"load {os.getloadavg()[0]:.1f}", flush=True)
+    with open_reader(db) as reader:
+        run_ms, tree_ms = measure(reader, ids, args.repeat, "duckdb ")
+    print(f"duckdb: run {run_ms:.1f} ms (target 10), tree {tree_ms:.1f} ms (target 25)", flush=True)
     with open_reader(lake) as reader:
-        p_run_ms, p_tree_ms = measure(reader, ids, args.repeat)
+        p_run_ms, p_tree_ms = measure(reader, ids, args.repeat, "parquet ")
     print(f"parquet: run {p_run_ms:.1f} ms (target 50), tree {p_tree_ms:.1f} ms (target 200)", flush=True)
     print(f"replay run_ms={run_ms:.1f} tree_ms={tree_ms:.1f} parquet_run_ms={p_run_ms:.1f} "
           f"parquet_tree_ms={p_tree_ms:.1f}")
