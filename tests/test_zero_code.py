@@ -324,3 +324,47 @@ def test_log_records_the_receiver_does_not_take_are_kept_counted_and_ingested(tm
     with duckdb.connect(db, read_only=True) as con:
         bodies = sorted(json.loads(b)["s"] for (b,) in con.execute("SELECT body FROM log_records").fetchall())
     assert bodies == ["first", "second"]
+
+
+@pytest.mark.skipif(INSTRUMENT is None, reason="opentelemetry-instrument is not installed")
+def test_content_sent_as_log_events_is_sealed_into_its_model_call(tmp_path):
+    """With the GenAI instrumentation writing content as log events (``event_only``), the records are
+    sealed into their model call's span: verify passes, and an altered, removed or added log row is
+    caught at that span's seq."""
+    db = str(tmp_path / "events.duckdb")
+    app = _instrumented(db, "zero_code_openai_app.py", OTEL_SERVICE_NAME="weather",
+                        OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="event_only",
+                        OTEL_SEMCONV_STABILITY_OPT_IN="gen_ai_latest_experimental")
+    assert app.returncode == 0, app.stderr
+    assert "sealed logs to" in app.stderr
+    with duckdb.connect(db) as con:
+        logs = con.execute("SELECT span_id, attributes FROM log_records WHERE attributes LIKE '%57F%'").fetchall()
+        spans = con.execute("SELECT count(*) FROM spans WHERE attributes LIKE '%57F%'").fetchone()[0]
+    assert logs and spans == 0, (logs, spans)  # the answer's content is only in the log records
+    assert all(span_id for span_id, _ in logs)
+    env = free_env()
+    replays = [_cli("replay", "--db", db, r["ref"], "--json", env=env).stdout
+               for r in json.loads(_cli("runs", "--db", db, "--json", env=env).stdout)]
+    assert "It is 57F in Paris." in "".join(replays)
+    verified = _cli("verify", "--db", db, env=env)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+    def verdict() -> str:
+        out = _cli("verify", "--db", db, "--json", env=env)
+        assert out.returncode == 1, out.stdout + out.stderr
+        return " ".join(c["reason"] or "" for c in json.loads(out.stdout)["chains"] if not c["valid"])
+
+    copy = str(tmp_path / "events-copy.duckdb")
+    shutil.copy(db, copy)
+    with duckdb.connect(db) as con:  # an answer altered in its log row
+        con.execute("UPDATE log_records SET attributes = replace(attributes, '57F', '75F') WHERE attributes LIKE '%57F%'")
+    assert "edited or added" in verdict()
+    shutil.copy(copy, db)
+    with duckdb.connect(db) as con:  # a log row deleted
+        con.execute("DELETE FROM log_records WHERE attributes LIKE '%57F%'")
+    assert "missing" in verdict()
+    shutil.copy(copy, db)
+    with duckdb.connect(db) as con:  # a forged log row added under a sealed model call
+        con.execute("INSERT INTO log_records SELECT * REPLACE (log_id || 'x' AS log_id, "
+                    "replace(attributes, '57F', '99F') AS attributes) FROM log_records WHERE attributes LIKE '%57F%'")
+    assert "edited or added" in verdict()

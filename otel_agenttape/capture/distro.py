@@ -137,7 +137,7 @@ def describe(settings: Settings, *, enabled: Sequence[inst.Instrumentation] = ()
     parts.append("redaction " + ("of the built-in patterns" if redact is True else
                                  f"of {', '.join(redact)}" if redact else "off"))
     if v["logs"]:
-        parts.append(f"logs to {settings.logs_endpoint()}" + (f" (through the outbox {v['outbox']}/logs)" if v["outbox"] else "")
+        parts.append(f"{'sealed ' if v['seal'] else ''}logs to {settings.logs_endpoint()}" + (f" (through the outbox {v['outbox']}/logs)" if v["outbox"] else "")
                      + (f", Python logging bridged ({BRIDGE_ENV})" if _bridges_logging() else ""))
     else:
         parts.append("logs off")
@@ -175,9 +175,10 @@ def planned(settings: Settings, *, libraries: Iterable[str] | None = None,
 
 # ---- building the providers ----------------------------------------------------------------------------
 
-def _logger_provider(settings: Settings, resource: Any) -> Any:
+def _logger_provider(settings: Settings, resource: Any, sealing: Any = None) -> Any:
     """A logger provider exporting to the receiver (the GenAI log events, bridged Python logging) through
-    the outbox like spans (``log_export``), global, shut down by us."""
+    the outbox like spans (``log_export``), global, shut down by us; ``sealing``: the tape's log record
+    processor (redacts, and seals each record emitted in a live span into that span), ahead of export."""
     from opentelemetry import _logs
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
@@ -211,6 +212,8 @@ def _logger_provider(settings: Settings, resource: Any) -> Any:
                               outbox_options={"max_bytes": v["outbox_max_bytes"]} if v["outbox_max_bytes"] else None)
     _PROCESS.log_exporter = wrapped
     provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
+    if sealing is not None:
+        provider.add_log_record_processor(sealing)
     provider.add_log_record_processor(BatchLogRecordProcessor(
         wrapped, export_timeout_millis=max(1.0, v["shutdown_timeout"] * 1000)))
     _logs.set_logger_provider(provider)
@@ -247,7 +250,7 @@ def _build(settings: Settings, origin: str) -> Any:
     p.tape, p.settings, p.origin = tape, settings, origin
     if settings.values["logs"]:
         try:
-            p.logger_provider = _logger_provider(settings, tape.tracer_provider.resource)
+            p.logger_provider = _logger_provider(settings, tape.tracer_provider.resource, tape.log_processor())
             if _bridges_logging():
                 _bridge_logging(p.logger_provider)
         except Exception as exc:  # spans still record; say why logs do not

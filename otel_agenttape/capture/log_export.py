@@ -8,8 +8,8 @@ of their own, records of kind ``KIND_LOGS``), re-sent oldest first by this proce
 started with the same outbox, or loaded by ``agenttape ingest OUTBOX``. Every record is counted:
 delivered, kept in the outbox, or lost (refused, too large, outbox full, no outbox).
 
-Log records are not sealed: no hash chain covers them, so ``agenttape verify`` does not catch an
-altered log row (spans carry the prompts and answers, and those are sealed).
+Sealing is not done here: the tape's log processor (``log_sealing``), ahead of this exporter's batch
+processor, seals each record written in a live span into that span.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_agenttape import semconv as sc
+from otel_agenttape.capture.redact import REDACT_KEYS, REDACT_PREFIXES, redact_value
 from otel_agenttape.capture.export_queue import (  # noqa: F401 - re-exported
     DEFAULT_ENQUEUE_TIMEOUT_MILLIS,
     DEFAULT_MAX_EXPORT_BATCH_SIZE,
@@ -47,14 +48,7 @@ from otel_agenttape.capture.stats import CaptureStats
 log = logging.getLogger(__name__)
 
 # Content attributes of other instrumentations (GenAI, OpenInference, OpenLLMetry) that redaction covers.
-CONTENT_KEYS = frozenset({
-    sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES, sc.GEN_AI_SYSTEM_INSTRUCTIONS,
-    sc.GEN_AI_TOOL_CALL_ARGUMENTS, sc.GEN_AI_TOOL_CALL_RESULT, sc.MODEL_RAW_OUTPUT, sc.MODEL_OUTPUT_TEXT,
-    sc.MODEL_REASONING, sc.TOOL_ERROR, sc.OI_INPUT_VALUE, sc.OI_OUTPUT_VALUE,
-    sc.TRACELOOP_ENTITY_INPUT, sc.TRACELOOP_ENTITY_OUTPUT,
-})
-CONTENT_PREFIXES = (sc.LEGACY_PROMPT_PREFIX, sc.LEGACY_COMPLETION_PREFIX, sc.OI_LLM_INPUT_MESSAGES,
-                    sc.OI_LLM_OUTPUT_MESSAGES)
+CONTENT_KEYS, CONTENT_PREFIXES = REDACT_KEYS, REDACT_PREFIXES
 
 
 def _inherits_noop(processor: SpanProcessor, name: str) -> bool:
@@ -181,23 +175,13 @@ class RedactingSpanProcessor(ForwardingSpanProcessor):
         changed: dict[str, Any] = {}
         for key, value in attrs.items():
             if key in CONTENT_KEYS or key.startswith(CONTENT_PREFIXES):
-                new = _redact_value(value, self.redactor)
+                new = redact_value(value, self.redactor)
                 if new is not value and new != value:
                     changed[key] = new
         if not changed:
             self.next_processor.on_end(span)
             return
         self.next_processor.on_end(copy_span(span, {**attrs, **changed}))
-
-
-def _redact_value(value: Any, redactor: Callable[[str], str]) -> Any:
-    if isinstance(value, str):
-        return redactor(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_redact_value(v, redactor) for v in value)
-    if isinstance(value, Mapping):
-        return {k: _redact_value(v, redactor) for k, v in value.items()}
-    return value
 
 
 def copy_span(span: ReadableSpan, attributes: Mapping[str, Any]) -> ReadableSpan:
@@ -231,6 +215,14 @@ def _check_seal_options(sealing_cls: type, options: Mapping[str, Any]) -> None:
         raise TypeError(f"seal_options: {exc}") from None
 
 
+def _takes(cls: type, name: str) -> bool:
+    """Whether ``cls`` takes the keyword ``name`` by that name (a sealer of another version may not)."""
+    try:
+        return name in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _sealing_counts(sealer: Any) -> dict[str, int]:
     """The sealing processor's own counters (it swallows its errors and forwards unsealed)."""
     out = {}
@@ -250,11 +242,13 @@ def build_processor_chain(
     redactor: Redactor | None = None,
     queue_options: Mapping[str, Any] | None = None,
     outbox: Any = None,
+    log_leaves: Any = None,
 ) -> tuple[SpanProcessor, QueueingSpanProcessor]:
     """Guard( Redact( SealGuard( Sealing( Queue(exporter) ) ) ) ); returns (chain, queue).
 
     Redaction comes before sealing so the chain covers exactly what leaves the process. When the
     sealing module is not available the chain runs unsealed and ``sealing_unavailable`` is set.
+    ``log_leaves`` (``log_sealing.LogLeaves``): the log records sealed into live spans, handed to the sealer.
     """
     sealing_cls = None
     if seal:
@@ -279,7 +273,10 @@ def build_processor_chain(
             stats.set("sealing_unavailable", 1)
         else:
             try:
-                sealer = sealing_cls(queue, **dict(seal_options or {}))
+                options = dict(seal_options or {})
+                if log_leaves is not None and _takes(sealing_cls, "log_leaves"):
+                    options.setdefault("log_leaves", log_leaves)
+                sealer = sealing_cls(queue, **options)
                 head = SealGuard(sealer, queue, stats)
                 stats.set("sealing_active", 1)
                 stats.add_source(lambda: _sealing_counts(sealer))

@@ -4,8 +4,10 @@ what was actually exported)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Pattern, Sequence, Union
 
+from otel_agenttape import semconv
 from otel_agenttape.capture.stats import CaptureStats
 
 REDACTED = "[REDACTED]"
@@ -79,3 +81,26 @@ def build_redactor(spec: RedactSpec, stats: CaptureStats | None = None) -> Redac
         else:
             raise TypeError(f"unsupported redact rule: {item!r}")
     return Redactor(rules, stats) if rules else None
+
+
+# The attributes redaction applies to on other instrumentations' spans and on log records (ours are
+# redacted at the source), by key or key prefix.
+REDACT_KEYS = frozenset({
+    semconv.GEN_AI_INPUT_MESSAGES, semconv.GEN_AI_OUTPUT_MESSAGES, semconv.GEN_AI_SYSTEM_INSTRUCTIONS,
+    semconv.GEN_AI_TOOL_CALL_ARGUMENTS, semconv.GEN_AI_TOOL_CALL_RESULT, semconv.MODEL_RAW_OUTPUT,
+    semconv.MODEL_OUTPUT_TEXT, semconv.MODEL_REASONING, semconv.TOOL_ERROR, semconv.OI_INPUT_VALUE,
+    semconv.OI_OUTPUT_VALUE, semconv.TRACELOOP_ENTITY_INPUT, semconv.TRACELOOP_ENTITY_OUTPUT,
+})
+REDACT_PREFIXES = (semconv.LEGACY_PROMPT_PREFIX, semconv.LEGACY_COMPLETION_PREFIX, semconv.OI_LLM_INPUT_MESSAGES,
+                   semconv.OI_LLM_OUTPUT_MESSAGES)
+
+
+def redact_value(value: Any, redactor: Callable[[str], str]) -> Any:
+    """``value`` with every string in it redacted (lists, tuples and maps walked)."""
+    if isinstance(value, str):
+        return redactor(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_value(v, redactor) for v in value)
+    if isinstance(value, Mapping):
+        return {k: redact_value(v, redactor) for k, v in value.items()}
+    return value

@@ -34,11 +34,12 @@ from typing import Any
 
 import orjson
 from opentelemetry import trace as trace_api
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_agenttape import semconv
 from otel_agenttape.capture import sealing_fast as _fast
+from otel_agenttape.capture.log_sealing import LogLeaves, logs_event_attributes
 from otel_agenttape.capture.sealed_span import SealedSpan, make_otlp_safe
 from otel_agenttape.capture.sealing_fast import SealState, Tape
 from otel_agenttape.codec.typed import NotOtlpSafe
@@ -47,6 +48,7 @@ from otel_agenttape.integrity.chain import Chain
 from otel_agenttape.integrity.checkpoint import Checkpoint, read_checkpoint_file
 from otel_agenttape.integrity.jcs import CanonicalError
 from otel_agenttape.integrity.leaf import raw_attributes
+from otel_agenttape.integrity.log_leaf import EVENT_LOGS
 from otel_agenttape.integrity.leaf_fast import CONTENT_KEYS, leaf_hash_from_sdk, python_seal_hash_sdk, seal_hash_sdk
 from otel_agenttape.integrity.note import Signer, sign_note
 
@@ -87,7 +89,9 @@ class SealingSpanProcessor(SpanProcessor):
     keys sealed as salted commitments (default ``semconv.CONTENT_KEYS``; an empty set seals v1 leaves);
     ``salt_source(n)``: n random bytes (default ``os.urandom``; fixed salts are for test vectors only);
     ``checkpoint_delay_s`` (0.05): the longest a due checkpoint waits for the checkpoint thread to sign
-    and export it (0: signed at once in the thread that ends the span). At most ``MAX_PENDING``
+    and export it (0: signed at once in the thread that ends the span); ``log_leaves``: the log records
+    sealed into live spans (``log_sealing``), named by an ``agenttape.logs`` event on each span as it
+    ends. At most ``MAX_PENDING``
     checkpoints wait; beyond that the span's thread signs them itself. An opening checkpoint (filed at
     once so that a restart opens the next epoch) is signed in the span's thread, with any waiting before it.
     """
@@ -109,8 +113,10 @@ class SealingSpanProcessor(SpanProcessor):
         content_keys: frozenset[str] | None = None,
         salt_source: Callable[[int], bytes] | None = None,
         checkpoint_delay_s: float = 0.05,
+        log_leaves: LogLeaves | None = None,
     ) -> None:
         self.next_processor = next_processor
+        self.log_leaves = log_leaves
         self.content_keys = CONTENT_KEYS if content_keys is None else frozenset(content_keys)
         self.salt_source = salt_source or os.urandom
         # the compiled step (and compiled leaf) seal with the default keys and os.urandom, or v1 leaves
@@ -178,6 +184,12 @@ class SealingSpanProcessor(SpanProcessor):
             hook(span)
 
     def on_end(self, span: ReadableSpan) -> None:
+        leaves = self.log_leaves
+        if leaves:  # log records were sealed into live spans: this one may be among them
+            try:
+                span = self._with_logs(span, leaves.take(span.context.span_id))
+            except Exception:
+                self.errors += 1
         try:
             step = _fast.step
             if step is None or not self._compiled_ok:
@@ -203,6 +215,14 @@ class SealingSpanProcessor(SpanProcessor):
                     self.on_node(sealed)
                 except Exception:
                     self.errors += 1
+
+    @staticmethod
+    def _with_logs(span: ReadableSpan, taken: list[str] | None) -> ReadableSpan:
+        """``span`` with the ``agenttape.logs`` event naming its sealed log records (if any)."""
+        if not taken:
+            return span
+        event = Event(EVENT_LOGS, logs_event_attributes(taken), span.end_time)
+        return SealedSpan(span, dict(raw_attributes(span)), (*span.events, event))
 
     def shutdown(self) -> None:
         self._stop.set()

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from otel_agenttape import semconv
 from otel_agenttape.capture.api import Run, current_run
 from otel_agenttape.capture.listener import CaptureListener
+from otel_agenttape.capture.log_sealing import LogLeaves
 from otel_agenttape.capture.delivery import DEFAULT_MAX_REQUEST_BYTES
 from otel_agenttape.capture.pipeline import QueueingSpanProcessor, build_processor_chain
 from otel_agenttape.capture.propagation import inject_context
@@ -45,8 +46,12 @@ class Tape:
 
     def __init__(self, tracer_provider: TracerProvider, listener: CaptureListener, stats: CaptureStats,
                  processor: SpanProcessor | None, queue: QueueingSpanProcessor | None, *,
-                 owns_provider: bool, sinks: Sequence[NodeSink] = (), resume_index: Any = None) -> None:
+                 owns_provider: bool, sinks: Sequence[NodeSink] = (), resume_index: Any = None,
+                 log_leaves: LogLeaves | None = None, redactor: Any = None) -> None:
         self.tracer_provider = tracer_provider
+        self.log_leaves = log_leaves
+        self._redactor = redactor
+        self._log_processor: Any = None
         self.listener = listener
         self._stats = stats
         self.processor = processor
@@ -157,6 +162,20 @@ class Tape:
                 box.wait_drained(min(0.2, max(0.0, deadline - time.monotonic())))
             else:
                 time.sleep(0.05)
+
+    def log_processor(self) -> Any:
+        """The log record processor that seals each record emitted in a live span into that span
+        (``log_sealing``) after redacting it like spans; add it to a logger provider before the
+        processor that exports: ``provider.add_log_record_processor(tape.log_processor())``. The same
+        one on every call; None when this tape does not seal."""
+        if self.log_leaves is None:
+            return None
+        if self._log_processor is None:
+            from otel_agenttape.capture.log_sealing import SealingLogRecordProcessor
+
+            self._log_processor = SealingLogRecordProcessor(self.log_leaves, redactor=self._redactor)
+            self._stats.add_source(lambda: {"log_sealing_errors": self._log_processor.errors})
+        return self._log_processor
 
     def stats(self) -> dict[str, int]:
         """Every capture counter: drops, cuts, failures, swallowed errors, queue state."""
@@ -292,6 +311,7 @@ def _wire(provider: TracerProvider, *, exporter: SpanExporter | None | bool, end
     stats = CaptureStats()
     redactor = build_redactor(redact, stats)
     processor = queue = None
+    log_leaves = LogLeaves() if seal else None
     if exporter is not False:
         if exporter is None or exporter is True:
             span_exporter = make_exporter(endpoint, protocol, headers=headers, timeout=timeout,
@@ -301,13 +321,16 @@ def _wire(provider: TracerProvider, *, exporter: SpanExporter | None | bool, end
             span_exporter = exporter
         box = _make_outbox(outbox, outbox_options, span_exporter, max_request_bytes)
         processor, queue = build_processor_chain(span_exporter, stats=stats, seal=seal, seal_options=seal_options,
-                                                 redactor=redactor, queue_options=queue_options, outbox=box)
+                                                 redactor=redactor, queue_options=queue_options, outbox=box,
+                                                 log_leaves=log_leaves)
         provider.add_span_processor(processor)
+    if log_leaves is not None:
+        stats.add_source(log_leaves.counts)
     tracer = provider.get_tracer(semconv.SCOPE_NAME, _version())
     listener = CaptureListener(tracer, stats=stats, redactor=redactor, sinks=sinks,
                                max_payload_chars=_effective_cut(max_payload_chars, provider))
     return Tape(provider, listener, stats, processor, queue, owns_provider=owns_provider, sinks=sinks,
-                resume_index=resume_index)
+                resume_index=resume_index, log_leaves=log_leaves, redactor=redactor)
 
 
 def _make_outbox(path: str | os.PathLike[str] | None, options: Mapping[str, Any] | None, exporter: SpanExporter,

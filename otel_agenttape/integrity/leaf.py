@@ -144,7 +144,7 @@ def apply_commitments(attributes: dict[str, Any], events: list[dict[str, Any]],
     return attributes
 
 
-def _commitments(salts_text: Any, erased_text: Any) -> tuple[dict[str, bytes] | None, dict[str, str] | None]:
+def parse_commitments(salts_text: Any, erased_text: Any) -> tuple[dict[str, bytes] | None, dict[str, str] | None]:
     return (None if salts_text is None else parse_salts(salts_text),
             None if erased_text is None else parse_erased(erased_text))
 
@@ -174,7 +174,7 @@ def typed_from_proto(value: Any) -> dict[str, Any]:
     return canonical_typed(from_proto(value))
 
 
-def _attrs_proto(key_values: Iterable[Any], skip_chain: bool) -> dict[str, Any]:
+def leaf_attrs_from_proto(key_values: Iterable[Any], skip_chain: bool) -> dict[str, Any]:
     last: dict[str, Any] = {}
     for kv in key_values:  # duplicate keys: the last one wins (as in codec.typed)
         if skip_chain and kv.key.startswith(_CHAIN_PREFIX):
@@ -193,7 +193,7 @@ def canonical_typed(typed: Any) -> Any:
     return typed
 
 
-def _attrs_stored(attrs: Any, skip_chain: bool) -> dict[str, Any]:
+def leaf_attrs_stored(attrs: Any, skip_chain: bool) -> dict[str, Any]:
     if attrs is None:
         return {}
     if isinstance(attrs, (str, bytes)):
@@ -282,7 +282,7 @@ def project_sdk(span: Any, salts: Mapping[str, bytes] | None = None) -> dict[str
     raw = raw_attributes(span)
     erased = None
     if salts is None:
-        salts, erased = _commitments(raw.get(_SALTS), raw.get(_ERASED))
+        salts, erased = parse_commitments(raw.get(_SALTS), raw.get(_ERASED))
     ctx = span.context
     parent = span.parent
     status = span.status
@@ -316,19 +316,19 @@ def project_proto(span: Any) -> dict[str, Any]:
                 salts_text = text
             else:
                 erased_text = text
-    salts, erased = _commitments(salts_text, erased_text)
+    salts, erased = parse_commitments(salts_text, erased_text)
     events = [
-        _event(e.name, e.time_unix_nano, _attrs_proto(e.attributes, False), e.dropped_attributes_count)
+        _event(e.name, e.time_unix_nano, leaf_attrs_from_proto(e.attributes, False), e.dropped_attributes_count)
         for e in span.events
     ]
     links = [
-        _link(lk.trace_id.hex(), lk.span_id.hex(), _attrs_proto(lk.attributes, False), lk.dropped_attributes_count)
+        _link(lk.trace_id.hex(), lk.span_id.hex(), leaf_attrs_from_proto(lk.attributes, False), lk.dropped_attributes_count)
         for lk in span.links
     ]
     return _projection(
         span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(), span.trace_state, span.name,
         int(span.kind), span.start_time_unix_nano, span.end_time_unix_nano,
-        int(span.status.code), span.status.message, _attrs_proto(span.attributes, True),
+        int(span.status.code), span.status.message, leaf_attrs_from_proto(span.attributes, True),
         span.dropped_attributes_count, span.dropped_events_count, span.dropped_links_count, events, links,
         salts, erased,
     )
@@ -346,14 +346,14 @@ def project_row(
     attrs = row["attributes"]
     if isinstance(attrs, (str, bytes)):
         attrs = orjson.loads(attrs) if attrs else {}
-    salts, erased = _commitments(*(_stored_text(attrs.get(k)) for k in (_SALTS, _ERASED))) if attrs else (None, None)
+    salts, erased = parse_commitments(*(_stored_text(attrs.get(k)) for k in (_SALTS, _ERASED))) if attrs else (None, None)
     ev = [
-        _event(e["name"], int(e["time_unix_nano"]), _attrs_stored(e["attributes"], False),
+        _event(e["name"], int(e["time_unix_nano"]), leaf_attrs_stored(e["attributes"], False),
                int(e.get("dropped_attributes_count") or 0))
         for e in sorted(events, key=lambda r: r["event_index"])
     ]
     lk = [
-        _link(r["linked_trace_id"], r["linked_span_id"], _attrs_stored(r["attributes"], False),
+        _link(r["linked_trace_id"], r["linked_span_id"], leaf_attrs_stored(r["attributes"], False),
               int(r.get("dropped_attributes_count") or 0))
         for r in sorted(links, key=lambda r: r["link_index"])
     ]
@@ -361,7 +361,7 @@ def project_row(
         row["trace_id"], row["span_id"], row.get("parent_span_id") or "", row.get("trace_state") or "",
         row["name"], int(row["kind"]), int(row["start_time_unix_nano"]), int(row["end_time_unix_nano"]),
         int(row.get("status_code") or 0), row.get("status_message") or "",
-        _attrs_stored(attrs, True),
+        leaf_attrs_stored(attrs, True),
         int(row.get("dropped_attributes_count") or 0), int(row.get("dropped_events_count") or 0),
         int(row.get("dropped_links_count") or 0), ev, lk, salts, erased,
     )

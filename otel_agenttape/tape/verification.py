@@ -1,7 +1,8 @@
 """Verify sealed tapes from the store (DuckDB file, Parquet lake, or OTLP files loaded in memory).
 
 Every leaf is recomputed from the stored ``spans`` / ``span_events`` / ``span_links`` rows
-(``sealed_rows.py``, and its fast path ``sealed_entries.py``); the stored chain fields are read from the
+(``sealed_rows.py``, and its fast path ``sealed_entries.py``), and the log records sealed into spans
+from ``log_records`` (``sealed_logs.py``); the stored chain fields are read from the
 typed ``attributes`` (the truth) and compared with the promoted ``chain_*`` columns. Checkpoints come
 from ``agenttape.checkpoint`` spans or log records in the store and from local checkpoint files; with a
 pinned key only the checkpoints it signed count. Inclusion proofs of single spans: ``proofs.py``.
@@ -35,6 +36,7 @@ from otel_agenttape.integrity.verify import (
 )
 from otel_agenttape.store.retention import retained_ranges, store_records
 from otel_agenttape.tape.sealed_entries import iter_entries
+from otel_agenttape.tape.sealed_logs import log_issues
 from otel_agenttape.tape.sealed_rows import row_entry, typed_scalar
 
 
@@ -171,8 +173,20 @@ def verify_store(
         for k, v in kept.items():
             retained[k] = [*retained.get(k, []), *v]
     with _gc_paused():  # a million acyclic entries: collections would only re-scan them
-        return verify_rows(rows, checkpoints, key_pinned=bool(verifiers), expect=expect, retained=retained,
-                           erasures=store_erasures(reader, verifiers))
+        reports = verify_rows(rows, checkpoints, key_pinned=bool(verifiers), expect=expect, retained=retained,
+                              erasures=store_erasures(reader, verifiers))
+    _apply_log_issues(reports, log_issues(reader, where, params))
+    return reports
+
+
+def _apply_log_issues(reports: list[ChainReport], found: dict[tuple[str, int, str], list[Issue]]) -> None:
+    """Add the findings on log records sealed into spans (``sealed_logs``) to their tapes' reports."""
+    if not found:
+        return
+    for r in reports:
+        extra = [i for (cid, ep, tid), issues in found.items()
+                 if cid == r.chain_id and ep == r.epoch and (r.trace_id is None or r.trace_id == tid) for i in issues]
+        add_issues(r, extra)
 
 
 @contextlib.contextmanager
