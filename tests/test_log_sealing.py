@@ -107,3 +107,50 @@ def test_an_unsealed_log_row_is_not_claimed_as_covered(recorded, tmp_path):
     with duckdb.connect(db) as con:
         con.execute("UPDATE log_records SET body = '{\"s\":\"changed\"}' WHERE event_name IN ('late', 'no.span')")
     assert _verify(db)["valid"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "otel_agenttape.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_erasing_a_trace_removes_its_log_content_and_keeps_the_proof(recorded, tmp_path):
+    db = str(tmp_path / "erased.duckdb")
+    shutil.copy(recorded[0], db)
+    with duckdb.connect(db, read_only=True) as con:
+        (trace,) = con.execute("SELECT trace_id FROM spans WHERE name = 'chat gpt-x'").fetchone()
+    done = _cli("erase", "--db", db, "--trace", trace, "--reason", "the user asked", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["values"] == 2 and result["spans"] == 1, result  # the two sealed records' content
+    assert result["unsealed_values"] == 1, result  # the late record's body, under the same span
+    raw = open(db, "rb").read()
+    for text in (b"Weather in Paris", b"57F", b"written after the span ended"):
+        assert text not in raw, text
+    report = _verify(db)
+    assert report["valid"], report
+    (chain,) = [c for c in report["chains"] if c["erased_values"]]
+    assert chain["erased_values"] == 2 and chain["erasures"], chain
+    with duckdb.connect(db, read_only=True) as con:
+        (attrs,) = con.execute("SELECT attributes FROM spans WHERE name = 'agenttape.erasure'").fetchone()
+    assert "Paris" not in attrs and "57F" not in attrs  # the record names no content
+
+
+def test_a_log_value_erased_without_a_record_is_caught(recorded, tmp_path):
+    """Replacing a sealed log record's value by its commitment (what erasure does) without an erasure
+    record that names it is a finding at the span's seq."""
+    from otel_agenttape.integrity import log_leaf
+
+    db = str(tmp_path / "forged.duckdb")
+    shutil.copy(recorded[0], db)
+    with duckdb.connect(db) as con:
+        log_id, body, attrs = con.execute("SELECT log_id, body, attributes FROM log_records "
+                                          "WHERE event_name = 'gen_ai.user.message'").fetchone()
+        _, new_attrs, erased = log_leaf.erase_log(json.loads(body), json.loads(attrs))
+        assert erased
+        con.execute("UPDATE log_records SET body = NULL, attributes = ? WHERE log_id = ?",
+                    [json.dumps(new_attrs), log_id])
+        (seq,) = con.execute("SELECT chain_seq FROM spans WHERE name = 'chat gpt-x'").fetchone()
+    report = _verify(db)
+    (broken,) = [c for c in report["chains"] if not c["valid"]]
+    assert broken["first_broken_index"] == seq and "no erasure record names it" in broken["reason"], broken

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from otel_agenttape import semconv
+from otel_agenttape.integrity.erasure import erase_span
 from otel_agenttape.integrity.jcs import dumps_ordered, sorted_keys
 from otel_agenttape.integrity.leaf import (
     CommitmentError,
@@ -139,3 +140,24 @@ def content_labels(has_body: bool, keys: Iterable[str], content_keys: frozenset[
     out = [BODY_LABEL] if has_body else []
     out.extend(k for k in keys if k in content_keys)
     return out
+
+
+def erased_label(leaf: str, label: str) -> str:
+    """How an erasure record names a value erased from a sealed log record: by the record's leaf hash
+    (unchanged by erasure, which keeps the commitment) and the value's label."""
+    return f"log:{leaf}:{label}"
+
+
+def erase_log(body: Any, attributes: Mapping[str, Any]) -> tuple[Any, dict[str, Any], dict[str, str]]:
+    """Erase the salted values of a stored sealed log record: ``(body, attributes, {label: commitment})``
+    after it (the body None when it was erased). Each value and its salt go, its commitment joins
+    ``agenttape.chain.erased``, so the record's leaf, and the span that names it, still verify.
+    Raises ``CommitmentError`` for salts that do not fit the record."""
+    attrs = dict(attributes)
+    if BODY_LABEL in attrs:
+        raise CommitmentError(f"an attribute named {BODY_LABEL!r}")
+    if body is not None:
+        attrs[BODY_LABEL] = body
+    done = erase_span(attrs, [])
+    out = done.attributes
+    return out.pop(BODY_LABEL, None), out, done.erased

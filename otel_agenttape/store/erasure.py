@@ -27,6 +27,7 @@ import orjson
 import pyarrow as pa
 
 from otel_agenttape import semconv
+from otel_agenttape.integrity import log_leaf
 from otel_agenttape.integrity.erasure import build_record, erase_span, sign_record
 from otel_agenttape.integrity.leaf import CommitmentError
 from otel_agenttape.integrity.note import Signer
@@ -80,9 +81,14 @@ class Plan:
     record_spans: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     keys: set[str] = field(default_factory=set)
     selected: set[tuple[str, str]] = field(default_factory=set)
+    logs: dict[str, tuple[Any, dict[str, Any]]] = field(default_factory=dict)  # log_id -> (body, attributes)
 
     def __bool__(self) -> bool:
-        return bool(self.spans or self.events)
+        return bool(self.spans or self.events or self.logs)
+
+    def log_json(self) -> list[tuple[str, str | None, str]]:
+        return [(lid, None if body is None else orjson.dumps(body).decode(), orjson.dumps(a).decode())
+                for lid, (body, a) in self.logs.items()]
 
     def span_json(self) -> list[tuple[str, str, str]]:
         return [(t, s, orjson.dumps(a).decode()) for (t, s), a in self.spans.items()]
@@ -92,9 +98,10 @@ class Plan:
 
 
 def plan(con: duckdb.DuckDBPyConnection, where: str, params: Sequence[Any], result: EraseResult,
-         also: Sequence[tuple[str, str]] = ()) -> Plan:
+         also: Sequence[tuple[str, str]] = (), logs: bool = False) -> Plan:
     """Plan the erasure of the spans ``where`` selects (plus the spans ``also`` names) over the ``spans``
-    and ``span_events`` relations of ``con``, counting into ``result``. Nothing is written."""
+    and ``span_events`` relations of ``con`` (``logs``: and the ``log_records`` of those spans),
+    counting into ``result``. Nothing is written."""
     cond = f"({where})"
     if also:
         con.register("erase_also", pa.table({"trace_id": [k[0] for k in also], "span_id": [k[1] for k in also]}))
@@ -120,8 +127,18 @@ def plan(con: duckdb.DuckDBPyConnection, where: str, params: Sequence[Any], resu
             "e.attributes FROM span_events e SEMI JOIN erase_keys k ON e.trace_id = k.trace_id AND "
             "e.span_id = k.span_id ORDER BY e.trace_id, e.span_id, e.event_index").fetchall():
         events.setdefault((tid, sid), []).append((idx, _loads(attrs)))
+    log_rows: dict[tuple[str, str], list[tuple[str, Any, dict[str, Any], dict[str, Any]]]] = {}
+    if logs and _has_table(con, "log_records"):
+        cols = ", ".join(f"l.{c}" for c in _LOG_COLUMNS)
+        for row in con.execute(f"SELECT {cols} FROM log_records l SEMI JOIN erase_keys k ON "
+                               "l.trace_id = k.trace_id AND l.span_id = k.span_id").fetchall():
+            r = dict(zip(_LOG_COLUMNS, row))
+            log_rows.setdefault((r["trace_id"], r["span_id"]), []).append(
+                (r["log_id"], orjson.loads(r["body"]) if r["body"] else None, _loads(r["attributes"]), r))
     con.unregister("erase_keys")
     for tid, sid, text, chain_id, epoch, seq in spans:
+        if (tid, sid) in log_rows:
+            _plan_logs(out, result, log_rows[(tid, sid)], (tid, sid, chain_id, epoch, seq))
         attrs = _loads(text)
         evs = events.get((tid, sid), [])
         if semconv.CHAIN_SALTS in attrs:
@@ -131,16 +148,14 @@ def plan(con: duckdb.DuckDBPyConnection, where: str, params: Sequence[Any], resu
                 continue  # salts that do not fit: the span does not verify; verify says why
             if not done.erased:
                 continue
-            result.spans += 1
             result.values += len(done.erased)
             out.keys.update(label.rsplit(":", 1)[-1] if label.startswith("event:") else label
                             for label in done.erased)
             out.spans[(tid, sid)] = done.attributes
             for i in done.changed_events:
                 out.events[(tid, sid, evs[i][0])] = done.events[i]
-            out.record_spans[(tid, sid)] = {"trace_id": tid, "span_id": sid, "chain_id": chain_id,
-                                            "epoch": int(epoch or 0), "seq": int(seq if seq is not None else -1),
-                                            "erased": done.erased}
+            entry = _record_entry(out, tid, sid, chain_id, epoch, seq)
+            entry["erased"] = {**entry["erased"], **done.erased}
             continue
         held = [k for k in attrs if k in _CONTENT]
         held_ev = [(idx, [k for k in a if k in _CONTENT]) for idx, a in evs]
@@ -158,7 +173,59 @@ def plan(con: duckdb.DuckDBPyConnection, where: str, params: Sequence[Any], resu
             if ks:
                 out.keys.update(ks)
                 out.events[(tid, sid, idx)] = {k: v for k, v in a.items() if k not in _CONTENT}
+    result.spans += len(out.record_spans)  # sealed spans with values erased (their own or their logs')
     return out
+
+
+_LOG_COLUMNS = ("log_id", "trace_id", "span_id", "time_unix_nano", "observed_time_unix_nano", "severity_number",
+                "severity_text", "event_name", "body", "attributes", "flags", "dropped_attributes_count")
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchall()[0][0])
+
+
+def _record_entry(out: Plan, tid: str, sid: str, chain_id: Any, epoch: Any, seq: Any) -> dict[str, Any]:
+    """The erasure record's entry for a span (created on first use)."""
+    entry = out.record_spans.get((tid, sid))
+    if entry is None:
+        entry = out.record_spans[(tid, sid)] = {
+            "trace_id": tid, "span_id": sid, "chain_id": chain_id, "epoch": int(epoch or 0),
+            "seq": int(seq if seq is not None else -1), "erased": {}}
+    return entry
+
+
+def _plan_logs(out: Plan, result: EraseResult, rows: Sequence[tuple[str, Any, dict[str, Any], dict[str, Any]]],
+               span: tuple[str, str, Any, Any, Any]) -> None:
+    """The log records of one selected span: a sealed record (``log_leaf.LOG_SEALED``) has its salted
+    values erased with their commitments kept, named in the record by its leaf hash; any other record
+    of the span loses its body and content attributes outright."""
+    tid, sid, chain_id, epoch, seq = span
+    for log_id, body, attrs, row in rows:
+        if log_leaf.LOG_SEALED in attrs and semconv.CHAIN_SALTS in attrs and chain_id is not None:
+            try:
+                leaf = log_leaf.leaf_from_row(row, attrs)
+                new_body, new_attrs, erased = log_leaf.erase_log(body, attrs)
+            except CommitmentError:
+                continue  # salts that do not fit: the record does not verify; verify says why
+            if not erased:
+                continue
+            result.values += len(erased)
+            out.keys.update(erased)
+            out.logs[log_id] = (new_body, new_attrs)
+            entry = _record_entry(out, tid, sid, chain_id, epoch, seq)
+            entry["erased"] = {**entry["erased"], **{log_leaf.erased_label(leaf, k): c for k, c in erased.items()}}
+            continue
+        if log_leaf.LOG_SEALED in attrs:
+            continue  # sealed without salts: no content of its own to erase
+        held = [k for k in attrs if k in _CONTENT]
+        if body is None and not held:
+            continue
+        result.unsealed_values += len(held) + (body is not None)
+        out.keys.update(held)
+        if body is not None:
+            out.keys.add(log_leaf.BODY_LABEL)
+        out.logs[log_id] = (None, {k: v for k, v in attrs.items() if k not in _CONTENT})
 
 
 def erase_duckdb(path: str | os.PathLike[str], where: str, params: Sequence[Any], *, reason: str, by: str,
@@ -174,7 +241,7 @@ def erase_duckdb(path: str | os.PathLike[str], where: str, params: Sequence[Any]
     con = _connect(path)
     try:
         result = EraseResult(None, dry_run)
-        main = plan(con, where, params, result)
+        main = plan(con, where, params, result, logs=True)
     finally:
         con.close()
     plans = []
@@ -201,7 +268,7 @@ def erase_duckdb(path: str | os.PathLike[str], where: str, params: Sequence[Any]
         result.erasure_id = record["id"]
         note = sign_record(record, signer)
         row = _record_row(record, note, signer, now)
-        rewrite(path, main.span_json(), main.event_json(), row)
+        rewrite(path, main.span_json(), main.event_json(), row, log_updates=main.log_json())
         if plans:
             record_table = _read_record(path, row[0])
             for (copy, p, _), out in zip(plans, result.copies):
@@ -245,10 +312,10 @@ _PUBLISHED = {"spans": "spans", "span_events": "events", "span_links": "links", 
 
 def rewrite(path: str, span_updates: Sequence[tuple] = (), event_updates: Sequence[tuple] = (),
             record_row: Sequence[Any] | None = None, drop: Mapping[str, str] | None = None,
-            extra_sql: Sequence[Any] = ()) -> None:
+            extra_sql: Sequence[Any] = (), log_updates: Sequence[tuple] = ()) -> None:
     """Write a new DuckDB file from the live rows of ``path`` with the updates applied (``span_updates``:
     ``(trace_id, span_id, attributes)``, ``event_updates``: ``(trace_id, span_id, event_index,
-    attributes)``) and the record row added, checkpoint it and rename it over ``path``. ``drop``: per
+    attributes)``, ``log_updates``: ``(log_id, body, attributes)``) and the record row added, checkpoint it and rename it over ``path``. ``drop``: per
     table, a condition on its row ``s`` for the rows left out (retention); the lake publisher's rowid
     cursor (``lake_publications``) is moved down by the rows left out before each position.
     ``extra_sql``: statements (text, or ``(text, params)``) run on the new file last.
@@ -277,6 +344,10 @@ def rewrite(path: str, span_updates: Sequence[tuple] = (), event_updates: Sequen
                 "trace_id": [u[0] for u in event_updates], "span_id": [u[1] for u in event_updates],
                 "event_index": pa.array([u[2] for u in event_updates], pa.int32()),
                 "attributes": [u[3] for u in event_updates]}))
+        if log_updates:
+            con.register("erase_logs", pa.table({
+                "log_id": [u[0] for u in log_updates], "body": pa.array([u[1] for u in log_updates], pa.string()),
+                "attributes": [u[2] for u in log_updates]}))
         drop = {t: c for t, c in (drop or {}).items() if t in tables}
         for t, cond in drop.items():
             con.execute(f"CREATE TEMP TABLE {_quote('erase_gone_' + t)} AS SELECT s.rowid AS rid "
@@ -293,6 +364,10 @@ def rewrite(path: str, span_updates: Sequence[tuple] = (), event_updates: Sequen
                             f"s.attributes) AS attributes) FROM erase_src.main.{q} s LEFT JOIN erase_events u "
                             "ON s.trace_id = u.trace_id AND s.span_id = u.span_id AND s.event_index = u.event_index"
                             f"{keep}")
+            elif t == "log_records" and log_updates:
+                con.execute(f"INSERT INTO erase_dst.main.{q} SELECT s.* REPLACE (CASE WHEN u.log_id IS NULL "
+                            "THEN s.body ELSE u.body END AS body, coalesce(u.attributes, s.attributes) AS attributes) "
+                            f"FROM erase_src.main.{q} s LEFT JOIN erase_logs u ON s.log_id = u.log_id{keep}")
             else:
                 con.execute(f"INSERT INTO erase_dst.main.{q} SELECT s.* FROM erase_src.main.{q} s{keep}")
         if drop and "lake_publications" in tables:

@@ -89,6 +89,7 @@ def verify_rows(
     expect: Iterable[tuple[str, int]] = (),
     retained: dict[tuple[str, int], list[tuple[int, int, str]]] | None = None,
     erasures: Sequence[CheckedRecord] = (),
+    log_erased: Sequence[tuple[str, int, int, str, str, dict[str, str]]] = (),
 ) -> list[ChainReport]:
     """Group sealed rows by tape, epoch and trace and verify each group (``expect``: tapes that must exist).
 
@@ -99,6 +100,7 @@ def verify_rows(
 
     Values erased from leaf v2 spans must be named by one of ``erasures`` that counts (valid, and
     signed by a pinned key when keys are pinned): otherwise each is a finding at its span's seq.
+    ``log_erased``: the values erased from log records sealed into spans (``sealed_logs``), checked the same way.
     """
     groups: dict[tuple[str, int], dict[str, list[Entry]]] = defaultdict(lambda: defaultdict(list))
     erased: list[tuple[str, int, int, str, str, dict[str, str]]] = []
@@ -110,6 +112,14 @@ def verify_rows(
         if entry.erased:
             erased.append((chain_id, epoch, entry.seq, entry.trace_id, entry.span_id, entry.erased))
         groups[(chain_id, epoch)][entry.trace_id].append(entry.compact())
+    if log_erased:  # one entry per span: its own erased values and its log records'
+        at = {(c, ep, seq, tid, sid): i for i, (c, ep, seq, tid, sid, _) in enumerate(erased)}
+        for c, ep, seq, tid, sid, m in log_erased:
+            i = at.get((c, ep, seq, tid, sid))
+            if i is None:
+                erased.append((c, ep, seq, tid, sid, dict(m)))
+            else:
+                erased[i] = (*erased[i][:5], {**erased[i][5], **m})
     for key in expect:
         groups.setdefault(key, defaultdict(list))
     reports = []
@@ -172,10 +182,11 @@ def verify_store(
         retained = dict(retained or {})
         for k, v in kept.items():
             retained[k] = [*retained.get(k, []), *v]
+    logs = log_issues(reader, where, params)
     with _gc_paused():  # a million acyclic entries: collections would only re-scan them
         reports = verify_rows(rows, checkpoints, key_pinned=bool(verifiers), expect=expect, retained=retained,
-                              erasures=store_erasures(reader, verifiers))
-    _apply_log_issues(reports, log_issues(reader, where, params))
+                              erasures=store_erasures(reader, verifiers), log_erased=logs.erased)
+    _apply_log_issues(reports, logs.issues)
     return reports
 
 
