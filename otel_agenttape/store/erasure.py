@@ -55,7 +55,9 @@ class EraseResult:
         return asdict(self)
 
 
-def _connect(path: str) -> duckdb.DuckDBPyConnection:
+def connect_readonly(path: str) -> duckdb.DuckDBPyConnection:
+    """The store file read-only, to plan on (the new file is written beside it, ``rewrite``); a file a
+    running receiver holds is named as such."""
     if not os.path.exists(path):
         raise StoreError(f"no tape store at {path}")
     try:
@@ -171,7 +173,7 @@ def erase_duckdb(path: str | os.PathLike[str], where: str, params: Sequence[Any]
     path = os.fspath(path)
     if not reason or not reason.strip():
         raise ValueError("an erasure needs a reason (--reason)")
-    con = _connect(path)
+    con = connect_readonly(path)
     try:
         result = EraseResult(None, dry_run)
         main = plan(con, where, params, result)

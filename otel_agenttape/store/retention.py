@@ -76,7 +76,7 @@ def retain_duckdb(path: str | os.PathLike[str], older_than_days: int, *, reason:
                   content_only: bool = False, dry_run: bool = False, today: dt.date | None = None,
                   copies: Sequence[Any] = ()) -> dict[str, Any]:
     """Apply the retention rule to a DuckDB store file (see the module doc); returns what it did."""
-    from otel_agenttape.store.erasure import _connect, erase_duckdb, rewrite
+    from otel_agenttape.store.erasure import connect_readonly, erase_duckdb, rewrite
 
     t0 = time.perf_counter()
     path = os.fspath(path)
@@ -92,7 +92,7 @@ def retain_duckdb(path: str | os.PathLike[str], older_than_days: int, *, reason:
         return {**base, **res.to_json(), "rows": 0, "chains": 0}
     if copies:
         raise StoreError("retention drops spans from the store only; a lake keeps its own rule (lake retain)")
-    con = _connect(path)
+    con = connect_readonly(path)
     try:
         where = _spans_dropped(day, "spans")
         rows, logs = con.execute(
