@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -165,15 +165,20 @@ def plan(con: duckdb.DuckDBPyConnection, where: str, params: Sequence[Any], resu
 
 def erase_duckdb(path: str | os.PathLike[str], where: str, params: Sequence[Any], *, reason: str, by: str,
                  selector: Mapping[str, Any], signer: Signer, dry_run: bool = False,
-                 copies: Sequence[Any] = ()) -> EraseResult:
+                 copies: Sequence[Any] = (),
+                 connect: Callable[[], duckdb.DuckDBPyConnection] | None = None) -> EraseResult:
     """Erase the content of the spans ``where`` selects (a condition on ``spans``) in a DuckDB file, and
     in each of ``copies`` (``store/erasure_copies.py``: a Parquet export, a lake, a receiver's WAL, an
-    outbox) the same spans and any more that the selection picks there. One record names them all."""
+    outbox) the same spans and any more that the selection picks there. One record names them all.
+    ``connect``: the connection to plan on (a running receiver's cursor for a dry run; by default the
+    file read-only)."""
     t0 = time.perf_counter()
     path = os.fspath(path)
     if not reason or not reason.strip():
         raise ValueError("an erasure needs a reason (--reason)")
-    con = connect_readonly(path)
+    if connect is not None and not dry_run:
+        raise ValueError("an erasure plans on the file itself; connect is for a dry run")
+    con = connect() if connect is not None else connect_readonly(path)
     try:
         result = EraseResult(None, dry_run)
         main = plan(con, where, params, result)

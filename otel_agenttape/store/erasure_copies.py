@@ -328,11 +328,18 @@ def _replace_file(path: Path, data: bytes) -> None:
 
 
 class WalCopy(Copy):
-    """A receiver's write-ahead log folder (``DB.otlpwal`` by default)."""
+    """A receiver's write-ahead log folder (``DB.otlpwal`` by default); ``only``: these segments of it (a
+    running receiver's closed segments)."""
 
     kind = "wal"
 
+    def __init__(self, path: str, only: Sequence[Path] | None = None) -> None:
+        super().__init__(path)
+        self.only = None if only is None else [Path(s) for s in only]
+
     def _segments(self) -> list[Path]:
+        if self.only is not None:
+            return [s for s in self.only if s.exists()]
         return walfile.segments(self.path)
 
     def plan(self, where: str, params: Sequence[Any], also: Sequence[tuple[str, str]], result: EraseResult) -> Plan:
@@ -340,20 +347,21 @@ class WalCopy(Copy):
                     if kind == walfile.KIND_TRACES)
         return _plan_requests(payloads, where, params, also, result)
 
+    def rewrite_segment(self, seg: Path, p: Plan) -> bool:
+        """Write ``seg`` again with the planned spans erased in its requests; False if it holds none."""
+        out: list[bytes] = []
+        changed = False
+        for kind, payload in walfile.read_segment(seg):
+            new = erase_request(payload, p) if kind == walfile.KIND_TRACES else None
+            if new is not None:
+                payload, changed = new, True
+            out += [walfile.record_header(kind, payload), payload]
+        if changed:
+            _replace_file(seg, b"".join(out))
+        return changed
+
     def apply(self, p: Plan, record: pa.Table) -> dict[str, Any]:
-        rewritten = 0
-        for seg in self._segments():
-            out: list[bytes] = []
-            changed = False
-            for kind, payload in walfile.read_segment(seg):
-                new = erase_request(payload, p) if kind == walfile.KIND_TRACES else None
-                if new is not None:
-                    payload, changed = new, True
-                out += [walfile.record_header(kind, payload), payload]
-            if changed:
-                _replace_file(seg, b"".join(out))
-                rewritten += 1
-        return {"segments_rewritten": rewritten}
+        return {"segments_rewritten": sum(1 for seg in self._segments() if self.rewrite_segment(seg, p))}
 
 
 class OutboxCopy(Copy):
