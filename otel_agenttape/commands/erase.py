@@ -53,6 +53,10 @@ def run(args: argparse.Namespace) -> int:
                          if k.endswith(("_rewritten", "_deleted")))
         print(f"  {c['kind']} {c['path']}: {verb} {c['values'] + c['unsealed_values']} values in {c['spans']} "
               "sealed spans" + (f" ({done})" if done else ""))
+    if "wal" in result:
+        w = result["wal"]
+        print(f"  receiver WAL: {w['segments_deleted']} closed segments deleted once stored, "
+              f"{w['segments_rewritten']} rewritten; {result.get('spool_files_removed', 0)} kept spool files removed")
     if "writes_paused_seconds" in result:
         print(f"  erased by the running receiver: its writes waited {result['writes_paused_seconds']:.2f} s "
               "(requests were acknowledged meanwhile and stored after)")

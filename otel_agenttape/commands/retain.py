@@ -41,4 +41,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'would remove' if verb else 'removed'} {out['spans']} spans and {out['log_records']} log records "
               f"dated before {out['before']}; {'would record' if verb else 'recorded'} {out['chains']} tape ranges "
               "as removed by retention")
+    if "writes_paused_seconds" in out:
+        print(f"  done by the running receiver: its writes waited {out['writes_paused_seconds']:.2f} s "
+              "(requests were acknowledged meanwhile and stored after)")
     return EXIT_OK

@@ -30,6 +30,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from otel_agenttape.store.rewrite_gate import StoreBusy
 from otel_agenttape.tape.refs import AmbiguousRunError, RunNotFound
 
 from . import api
@@ -124,6 +125,10 @@ def create_app(tapes: Any, token: str | None = None, *, on_shutdown: Callable[[]
             return _error(404, str(exc))
         except (ValueError, KeyError) as exc:
             return _error(400, str(exc))
+        except StoreBusy as exc:  # the receiver rewrites its file (an erasure, retention) past a read's wait
+            response = _error(503, str(exc))
+            response.headers["retry-after"] = str(int(exc.retry_after))
+            return response
 
     def ref_of(request: Request) -> str:
         return request.path_params["ref"]

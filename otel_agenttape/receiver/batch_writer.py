@@ -9,6 +9,7 @@ failures are counted and logged, never raised, since the store already holds the
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,9 +70,16 @@ class BatchWriter:
         self.pool = pool
         self.pool_threshold = pool_threshold  # a backlog of this many spans/records starts the pool
         self.chunk_items = chunk_items
+        # held by each write from the store to the sink and the hook: an erasure that holds it sees no
+        # write between the two (rows stored before it but handed to the Parquet sink after)
+        self.handoff = threading.Lock()
 
     def write(self, batch: list[Queued]) -> None:
         """Store a batch in one write: its rows (converting the items that have none), or its messages."""
+        with self.handoff:
+            self._write(batch)
+
+    def _write(self, batch: list[Queued]) -> None:
         start = time.perf_counter()
         if not self.converts:
             traces = [it.message() for it in batch if it.kind == KIND_TRACES]

@@ -113,6 +113,19 @@ class ConvertPool:
         """True once the workers are up (requests then go to them)."""
         return self._pool is not None
 
+    @property
+    def spool_folder(self) -> str | None:
+        """The shared-memory folder of the hand-off files, once the workers run."""
+        return self._spool
+
+    def drop_kept_files(self) -> int:
+        """Remove the hand-off files kept for reuse (an erasure: they hold earlier request bodies and
+        rows, and a file is overwritten from its start, never shrunk); files in use stay. Returns how many."""
+        n = len(self._bodies.paths()) + len(self._rows.paths())
+        self._bodies.clear()
+        self._rows.clear()
+        return n
+
     def start(self) -> None:
         """Spawn the workers and import the converter in each (idempotent, thread-safe)."""
         with self._lock:

@@ -1,4 +1,5 @@
-"""OTLP/HTTP receiver (``POST /v1/traces``, ``/v1/logs``) plus ``/healthz``, ``/metrics`` and ``/api/query``.
+"""OTLP/HTTP receiver (``POST /v1/traces``, ``/v1/logs``) plus ``/healthz``, ``/metrics``, ``/api/query``
+and the routes that rewrite the store (``/api/erase``, ``/api/retain``: token-gated, loopback-only without a token).
 
 Served by uvicorn (HTTP/1.1 parsing by llhttp through httptools) on an event loop in a background
 thread, routed by Starlette. The server stack owns connections, framing and slow clients
@@ -82,6 +83,7 @@ class HttpContext:
     read_threads: int = 4  # threads for /metrics and /api/query
     health: Callable[[], str | None] | None = None  # why /healthz answers 503 (None: healthy)
     run_erase: Callable[[bytes], tuple[int, str, bytes]] | None = None  # POST /api/erase body -> reply
+    run_retain: Callable[[bytes], tuple[int, str, bytes]] | None = None  # POST /api/retain body -> reply
 
 
 @dataclass
@@ -189,21 +191,30 @@ class _App:
         await self._run_on_body(scope, receive, send, self.ctx.run_query, "query")
 
     async def erase(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """``POST /api/erase``: an erasure in the store while ingest goes on (``TapeServer.erase``). It
-        needs the bearer token; a server without one takes it from a loopback client only."""
+        """``POST /api/erase``: an erasure in the store while ingest goes on (``TapeServer.erase``)."""
+        await self._rewrite(scope, receive, send, self.ctx.run_erase, "/api/erase", "erasure")
+
+    async def retain(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """``POST /api/retain``: retention in the store while ingest goes on (``TapeServer.retain``)."""
+        await self._rewrite(scope, receive, send, self.ctx.run_retain, "/api/retain", "retention")
+
+    async def _rewrite(self, scope: dict[str, Any], receive: Any, send: Any, handler: Any, path: str,
+                       what: str) -> None:
+        """The routes that rewrite the store file: they need the bearer token; a server without one takes
+        them from a loopback client only."""
         if await self._over_limit(scope, receive, send):
             return
         client = (scope.get("client") or ("",))[0]
         if not authorized(scope, self.ctx.token) or (not self.ctx.token and client not in ("127.0.0.1", "::1")):
             await _send(send, scope, _status_reply(HttpError(401, "missing or wrong bearer token"), _reply_media(scope)))
             return
-        if self.ctx.run_erase is None:
-            await _send(send, scope, _status_reply(HttpError(404, "this server holds no store file to erase in")))
+        if handler is None:
+            await _send(send, scope, _status_reply(HttpError(404, "this server holds no store file to rewrite")))
             return
         if scope["method"] != "POST":
-            await _send(send, scope, _status_reply(HttpError(405, "use POST for /api/erase")))
+            await _send(send, scope, _status_reply(HttpError(405, f"use POST for {path}")))
             return
-        await self._run_on_body(scope, receive, send, self.ctx.run_erase, "erasure")
+        await self._run_on_body(scope, receive, send, handler, what)
 
     async def _run_on_body(self, scope: dict[str, Any], receive: Any, send: Any, handler: Any, what: str) -> None:
         """Read a JSON request body within the limits and answer what ``handler(body)`` returns (status,
@@ -324,6 +335,7 @@ def build_app(ctx: HttpContext, limits: Limits, extra_routes: Sequence[BaseRoute
         Route("/metrics", _Asgi(app.metrics)),
         Route("/api/query", _Asgi(app.query)),
         Route("/api/erase", _Asgi(app.erase)),
+        Route("/api/retain", _Asgi(app.retain)),
     ]
     starlette = Starlette(routes=[*routes, *extra_routes])
     starlette.router.redirect_slashes = False

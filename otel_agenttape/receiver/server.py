@@ -7,13 +7,14 @@ over ``POST /api/query``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,7 @@ class TapeServer:
                 render_metrics=self.render_metrics,
                 run_query=self._handle_query,
                 run_erase=self._handle_erase if self.db is not None else None,
+                run_retain=self._handle_retain if self.db is not None else None,
                 limits=self.limits,
             )
             # listen first: while the WAL replays, /healthz says 503 and exports get 503 + Retry-After
@@ -387,23 +389,18 @@ class TapeServer:
             self.metrics.inc("agenttape_queries_refused_total")
         return status, ctype, out
 
-    def erase(self, where: str, params: list[Any], selector: dict[str, Any], *, reason: str, by: str,
-              signing_key: str | None = None, dry_run: bool = False, settle_seconds: float = 5.0) -> dict[str, Any]:
-        """Erase in the store this server holds while it keeps accepting requests (``POST /api/erase``).
+    # -- erasure and retention: the file rewritten while requests go on being acknowledged ---------------
 
-        ``where`` (a condition on ``spans``, as ``tape/erase.selection`` builds it) is checked through the
-        read-only SQL guard first. Requests already accepted get up to ``settle_seconds`` to reach the
-        store; then writes wait while the file is rewritten (``Store.exclusive``): requests go on being
-        acknowledged into the WAL and are stored once the file is open again, so none is lost. The WAL
-        then starts a new segment, so the segments holding erased values are deleted once applied."""
-        from otel_agenttape.integrity.note import Signer
-        from otel_agenttape.store.erasure import erase_duckdb
+    def _rewritable(self) -> tuple[Any, IngestPipeline]:
+        store, pipeline = self.store, self.pipeline
+        if store is None or pipeline is None or not getattr(store, "path", None):
+            raise ValueError("this server holds no store file to rewrite")
+        return store, pipeline
+
+    def _check_selection(self, where: str, params: list[Any]) -> None:
         from otel_agenttape.store.reader import QueryError
         from otel_agenttape.store.sql import run_readonly_sql
 
-        store, pipeline = self.store, self.pipeline
-        if store is None or pipeline is None or not getattr(store, "path", None):
-            raise ValueError("this server holds no store file to erase in")
         reader = self._reader()
         try:
             run_readonly_sql(reader, f"SELECT count(*) FROM spans WHERE ({where})", params)
@@ -411,45 +408,174 @@ class TapeServer:
             raise ValueError(f"erasure selection refused: {exc}") from None
         finally:
             reader.close()
+
+    def own_copies(self) -> list[Any]:
+        """The copies of the store this receiver writes itself, which its erasures reach: its Parquet
+        export (``--parquet-dir``, once it holds spans) and its lake (``--lake``)."""
+        from otel_agenttape.store.erasure_copies import copies_for
+
+        parquet = [self.parquet_dir] if self.parquet_dir and os.path.isdir(os.path.join(self.parquet_dir, "spans")) else []
+        return copies_for(parquet=parquet, lakes=[self.lake] if self.lake else [])
+
+    @contextlib.contextmanager
+    def _held_still(self, every_write: bool) -> Iterator[None]:
+        """What writes from the store held still for a rewrite: the lake publisher (its cursor renewed
+        after); with ``every_write`` also each write from the store to the Parquet sink (``BatchWriter.
+        handoff``), the sink flushed first so its buffered rows are in the files the erasure reads."""
+        pipeline, publisher = self.pipeline, self.publisher
+        with contextlib.ExitStack() as stack:
+            if every_write and pipeline is not None:
+                stack.enter_context(pipeline.writer.handoff)
+                if pipeline.sink is not None:
+                    pipeline.sink.flush()
+            if publisher is not None:
+                stack.enter_context(publisher.suspended())
+            yield
+
+    def erase(self, where: str, params: list[Any], selector: dict[str, Any], *, reason: str, by: str,
+              signing_key: str | None = None, dry_run: bool = False, settle_seconds: float = 5.0,
+              wal_wait_seconds: float = 10.0) -> dict[str, Any]:
+        """Erase in the store this server holds, and in the copies it owns, while it keeps accepting
+        requests (``POST /api/erase``).
+
+        ``where`` (a condition on ``spans``, as ``tape/erase.selection`` builds it) is checked through the
+        read-only SQL guard first. Requests already accepted get up to ``settle_seconds`` to reach the
+        store. Then writes wait (requests go on being acknowledged into the WAL, and are stored once the
+        file is open again, so none is lost) while the WAL starts a new segment, the Parquet sink is
+        flushed and the file, the Parquet export and the lake are rewritten (``Store.exclusive``; reads
+        wait for it). The closed WAL segments are deleted once their records are stored (up to
+        ``wal_wait_seconds``; the ones left then are rewritten), and the converter's kept hand-off files
+        removed. A dry run plans on the live database and holds nothing."""
+        from otel_agenttape.integrity.note import Signer
+        from otel_agenttape.store.erasure import erase_duckdb
+
+        store, pipeline = self._rewritable()
+        self._check_selection(where, params)
         key = signing_key or os.environ.get("AGENTTAPE_SIGNING_KEY")
         signer = Signer.parse(key) if key else Signer.generate("agenttape.ephemeral")
         t0 = time.monotonic()
         settled = pipeline.wait_idle(settle_seconds)
-        publisher = self.publisher
-        held = getattr(publisher, "_lock", None)
-        if held is not None:
-            held.acquire()  # its cursor is on the connection that is closed for the rewrite
-        try:
+
+        def run(path: str, own: list[Any], connect: Any = None) -> Any:
+            return erase_duckdb(path, where, params, reason=reason, by=by, selector=selector, signer=signer,
+                                dry_run=dry_run, copies=own, connect=connect)
+
+        if dry_run:
+            out = run(store.path, self.own_copies(), store.cursor).to_json()
+            out.update({"settled": settled, "total_seconds": round(time.monotonic() - t0, 3)})
+            return out
+        wal = self.wal
+        closed: list[Path] = []
+        with self._held_still(every_write=True):
             paused = time.monotonic()
-            result = store.exclusive(lambda path: erase_duckdb(
-                path, where, params, reason=reason, by=by, selector=selector, signer=signer, dry_run=dry_run))
+            rotated = wal.rotate() if wal is not None else False
+            closed = wal.closed_segments() if wal is not None else []
+            own = self.own_copies()
+            result = store.exclusive(lambda path: run(path, own))
             paused = time.monotonic() - paused
-            if publisher is not None:
-                publisher._con = store.cursor()  # noqa: SLF001 - the publisher's one cursor, renewed
-        finally:
-            if held is not None:
-                held.release()
-        if not dry_run and result.erasure_id and self.wal is not None:
-            self.wal.rotate()
         out = result.to_json()
+        if result.erasure_id:
+            out["wal"] = self._erase_closed_segments(closed, where, params, wal_wait_seconds)
+            out["wal"]["rotated"] = rotated
+            out["spool_files_removed"] = pipeline.pool.drop_kept_files() if pipeline.pool is not None else 0
         out.update({"writes_paused_seconds": round(paused, 3), "settled": settled,
                     "total_seconds": round(time.monotonic() - t0, 3)})
         self.metrics.inc("agenttape_erasures_total")
         return out
 
-    def _handle_erase(self, body: bytes) -> tuple[int, str, bytes]:
-        import orjson
+    def _erase_closed_segments(self, closed: list[Path], where: str, params: list[Any],
+                               wait_seconds: float) -> dict[str, int]:
+        """The WAL segments closed before an erasure hold the erased values until their records are all in
+        the store, and are deleted then; the ones still there after ``wait_seconds`` (records not stored
+        yet) are rewritten with the selection applied to their own rows, as a stopped receiver's are."""
+        from otel_agenttape.store.erasure import EraseResult
+        from otel_agenttape.store.erasure_copies import WalCopy
 
+        wal = self.wal
+        if wal is None or not closed:
+            return {"segments_deleted": 0, "segments_rewritten": 0}
+        left = wal.wait_gone(closed, wait_seconds)
+        rewritten = 0
+        if left:
+            copy = WalCopy(str(self.wal_dir), only=left)
+            p = copy.plan(where, params, (), EraseResult(None, False))
+            if p:
+                rewritten = wal.rewrite_closed(left, lambda seg: copy.rewrite_segment(seg, p))
+        return {"segments_deleted": len(closed) - len(left), "segments_rewritten": rewritten}
+
+    def retain(self, older_than_days: int, *, reason: str, by: str, content_only: bool = False,
+               signing_key: str | None = None, dry_run: bool = False, today: Any = None,
+               settle_seconds: float = 5.0) -> dict[str, Any]:
+        """``agenttape retain`` on the store this server holds, while it keeps accepting requests
+        (``POST /api/retain``): spans dated before UTC today minus ``older_than_days`` are dropped and the
+        tape ranges recorded in ``store_retention`` (``store/retention.py``), the file rewritten with writes
+        waiting as for an erasure; ``content_only`` is an erasure of their content (``erase``)."""
+        from otel_agenttape.store.retention import cutoff, retain_duckdb
+
+        days = int(older_than_days)
+        if content_only:
+            day = cutoff(days, today).isoformat()
+            out = self.erase("date < CAST(? AS DATE)", [day], {"retain_older_than_days": days, "before": day},
+                             reason=reason, by=by, signing_key=signing_key, dry_run=dry_run,
+                             settle_seconds=settle_seconds)
+            return {"before": day, "older_than_days": days, "content_only": True, **out}
+        if not reason or not reason.strip():
+            raise ValueError("retention needs a reason")
+        store, pipeline = self._rewritable()
+        t0 = time.monotonic()
+        settled = pipeline.wait_idle(settle_seconds)
+        if dry_run:
+            out = retain_duckdb(store.path, days, reason=reason, by=by, signer=None, dry_run=True, today=today,
+                                connect=store.cursor)
+            out.update({"settled": settled, "total_seconds": round(time.monotonic() - t0, 3)})
+            return out
+        with self._held_still(every_write=False):
+            paused = time.monotonic()
+            out = store.exclusive(lambda path: retain_duckdb(path, days, reason=reason, by=by, signer=None,
+                                                             today=today))
+            paused = time.monotonic() - paused
+        out.update({"writes_paused_seconds": round(paused, 3), "settled": settled,
+                    "total_seconds": round(time.monotonic() - t0, 3)})
+        self.metrics.inc("agenttape_retentions_total")
+        return out
+
+    @staticmethod
+    def _json_request(body: bytes, what: str) -> dict[str, Any]:
         try:
             req = orjson.loads(body)
-            if not isinstance(req, dict) or not isinstance(req.get("where"), str):
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"the body is not JSON: {exc}") from None
+        if not isinstance(req, dict):
+            raise ValueError(f"the body is a JSON object ({what})")
+        if not str(req.get("reason") or "").strip():
+            raise ValueError("a reason is required (it is written into the record)")
+        return req
+
+    def _handle_erase(self, body: bytes) -> tuple[int, str, bytes]:
+        try:
+            req = self._json_request(body, "where, params, selector, reason")
+            if not isinstance(req.get("where"), str):
                 raise ValueError("the body is a JSON object with where, params, selector, reason")
-            if not str(req.get("reason") or "").strip():
-                raise ValueError("an erasure needs a reason")
             out = self.erase(req["where"], list(req.get("params") or []), dict(req.get("selector") or {}),
                              reason=str(req["reason"]), by=str(req.get("by") or "unknown"),
                              signing_key=req.get("signing_key"), dry_run=bool(req.get("dry_run")))
-        except (ValueError, orjson.JSONDecodeError) as exc:
+        except ValueError as exc:
+            return 400, "application/json", orjson.dumps({"error": str(exc)})
+        return 200, "application/json", orjson.dumps(out)
+
+    def _handle_retain(self, body: bytes) -> tuple[int, str, bytes]:
+        import datetime as dt
+
+        try:
+            req = self._json_request(body, "older_than_days, reason, content_only, dry_run")
+            days = req.get("older_than_days")
+            if isinstance(days, bool) or not isinstance(days, int) or days < 0:
+                raise ValueError("older_than_days is a whole number of days, 0 or more")
+            today = dt.date.fromisoformat(req["today"]) if req.get("today") else None
+            out = self.retain(days, reason=str(req["reason"]), by=str(req.get("by") or "unknown"),
+                              content_only=bool(req.get("content_only")), signing_key=req.get("signing_key"),
+                              dry_run=bool(req.get("dry_run")), today=today)
+        except ValueError as exc:
             return 400, "application/json", orjson.dumps({"error": str(exc)})
         return 200, "application/json", orjson.dumps(out)
 

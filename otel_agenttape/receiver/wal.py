@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from otel_agenttape.walfile import KIND_LOGS, KIND_TRACES, read_segment, record_header  # noqa: F401 - re-exported
@@ -71,6 +72,7 @@ class WriteAheadLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.segment_bytes = segment_bytes
         self._lock = threading.Lock()
+        self._files = threading.Lock()  # a closed segment is deleted or rewritten under it, not both
         self._flushed = threading.Condition(self._lock)
         self._work = threading.Condition(self._lock)
         self._pending: list[bytes] = []
@@ -272,6 +274,31 @@ class WriteAheadLog:
             self._work.notify()
             return self._flushed.wait_for(lambda: self._seg_no != start or self._closed, timeout)
 
+    def closed_segments(self) -> list[Path]:
+        """Segments on disk that are no longer written to (all but the current one)."""
+        with self._lock:
+            current = self._seg_no
+        return [p for p in self.segments() if int(p.stem) < current]
+
+    def wait_gone(self, paths: list[Path], timeout: float) -> list[Path]:
+        """Wait until these closed segments are deleted (their records are in the store); the ones left."""
+        deadline = time.monotonic() + timeout
+        left = [p for p in paths if p.exists()]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = [p for p in left if p.exists()]
+        return left
+
+    def rewrite_closed(self, paths: list[Path], rewrite: Callable[[Path], bool]) -> int:
+        """Call ``rewrite(path)`` on each of these closed segments still on disk, with none deleted meanwhile
+        (an erasure reaching records not yet in the store); returns how many it rewrote."""
+        done = 0
+        with self._files:
+            for path in paths:
+                if path.exists() and rewrite(path):
+                    done += 1
+        return done
+
     def mark_applied(self, seqs: list[int]) -> None:
         """These records are in the store: delete segments that hold nothing still unapplied."""
         with self._lock:
@@ -284,8 +311,9 @@ class WriteAheadLog:
             done = [n for n, last in self._segment_last_seq.items() if last <= self._applied_seq]
             for n in done:
                 del self._segment_last_seq[n]
-        for n in done:
-            (self.dir / _segment_name(n)).unlink(missing_ok=True)
+        with self._files:
+            for n in done:
+                (self.dir / _segment_name(n)).unlink(missing_ok=True)
 
     @property
     def lag_records(self) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -56,7 +56,9 @@ class EraseResult:
         return asdict(self)
 
 
-def _connect(path: str) -> duckdb.DuckDBPyConnection:
+def connect_readonly(path: str) -> duckdb.DuckDBPyConnection:
+    """The store file read-only, to plan on (the new file is written beside it, ``rewrite``); a file a
+    running receiver holds is named as such."""
     if not os.path.exists(path):
         raise StoreError(f"no tape store at {path}")
     try:
@@ -230,15 +232,20 @@ def _plan_logs(out: Plan, result: EraseResult, rows: Sequence[tuple[str, Any, di
 
 def erase_duckdb(path: str | os.PathLike[str], where: str, params: Sequence[Any], *, reason: str, by: str,
                  selector: Mapping[str, Any], signer: Signer, dry_run: bool = False,
-                 copies: Sequence[Any] = ()) -> EraseResult:
+                 copies: Sequence[Any] = (),
+                 connect: Callable[[], duckdb.DuckDBPyConnection] | None = None) -> EraseResult:
     """Erase the content of the spans ``where`` selects (a condition on ``spans``) in a DuckDB file, and
     in each of ``copies`` (``store/erasure_copies.py``: a Parquet export, a lake, a receiver's WAL, an
-    outbox) the same spans and any more that the selection picks there. One record names them all."""
+    outbox) the same spans and any more that the selection picks there. One record names them all.
+    ``connect``: the connection to plan on (a running receiver's cursor for a dry run; by default the
+    file read-only)."""
     t0 = time.perf_counter()
     path = os.fspath(path)
     if not reason or not reason.strip():
         raise ValueError("an erasure needs a reason (--reason)")
-    con = _connect(path)
+    if connect is not None and not dry_run:
+        raise ValueError("an erasure plans on the file itself; connect is for a dry run")
+    con = connect() if connect is not None else connect_readonly(path)
     try:
         result = EraseResult(None, dry_run)
         main = plan(con, where, params, result, logs=True)

@@ -44,7 +44,10 @@ from otel_agenttape.store.readers import StoreError
 _EDITED = (semconv.CHAIN_SALTS, semconv.CHAIN_ERASED)
 
 
-class _Copy:
+class Copy:
+    """One copy an erasure reaches: ``plan`` reads what the selection picks there (nothing written),
+    ``apply`` rewrites it once the record is signed, ``close`` releases what ``plan`` held."""
+
     kind = "copy"
 
     def __init__(self, path: str) -> None:
@@ -111,7 +114,7 @@ def _plan_files(lake: Any, spans: Sequence[str], events: Sequence[str], where: s
         con.close()
 
 
-class ParquetCopy(_Copy):
+class ParquetCopy(Copy):
     """A Parquet export folder (``agenttape export parquet``, ``serve --parquet-dir``)."""
 
     kind = "parquet"
@@ -155,7 +158,7 @@ class ParquetCopy(_Copy):
         return {"files_rewritten": rewritten}
 
 
-class LakeCopy(_Copy):
+class LakeCopy(Copy):
     """A folder or S3 lake with a manifest (``serve --lake``); rewritten as one new snapshot."""
 
     kind = "lake"
@@ -177,7 +180,7 @@ class LakeCopy(_Copy):
     def apply(self, p: Plan, record: pa.Table) -> dict[str, Any]:
         from otel_agenttape.store.lake import manifest as mf
         from otel_agenttape.store.lake.files import size_and_hash, write_or_skip
-        from otel_agenttape.store.lake.maintain import _commit, _new_snapshot
+        from otel_agenttape.store.lake.maintain import commit_snapshot, new_snapshot
 
         cat = self.cat
         gen = cat.generation + 1
@@ -203,14 +206,14 @@ class LakeCopy(_Copy):
         if rec is not None:
             rec["date"] = day
             files[rec["key"]] = rec
-        snap, delete = _new_snapshot(cat, files, removed, list((cat.snapshot or {}).get("retention", [])),
+        snap, delete = new_snapshot(cat, files, removed, list((cat.snapshot or {}).get("retention", [])),
                                      time.time(), 0.0)
-        deleted = _commit(self.lake, snap, delete)
+        deleted = commit_snapshot(self.lake, snap, delete)
         return {"files_rewritten": len(removed), "files_deleted": deleted, "generation": snap["generation"],
                 "manifest": mf.snapshot_key(snap["generation"])}
 
 
-class IcebergCopy(_Copy):
+class IcebergCopy(Copy):
     """An Iceberg lake (``iceberg+...``): the changed files rewritten in one overwrite snapshot per table,
     the replaced files deleted and the older snapshots expired at once (``iceberg_maintain.erase_files``)."""
 
@@ -221,7 +224,7 @@ class IcebergCopy(_Copy):
 
         from otel_agenttape.store.lake import iceberg_catalog as ic
         from otel_agenttape.store.lake.iceberg_maintain import erase_datasets
-        from otel_agenttape.store.lake.iceberg_read import _key
+        from otel_agenttape.store.lake.iceberg_read import object_key
 
         self.datasets = erase_datasets(self.path)
         if "spans" not in self.datasets or not self.datasets["spans"][2]:
@@ -231,7 +234,7 @@ class IcebergCopy(_Copy):
             for table in ("spans", "span_events"):
                 if table in self.datasets and self.datasets[table][2]:
                     _, fs, files = self.datasets[table]
-                    con.register(table, ds.dataset([_key(fs, f.file_path) for f in files], filesystem=fs.fs,
+                    con.register(table, ds.dataset([object_key(fs, f.file_path) for f in files], filesystem=fs.fs,
                                                    format="parquet", schema=ic.arrow_schema(table)))
                 else:
                     con.execute("CREATE VIEW span_events AS SELECT '' AS trace_id, '' AS span_id, 0 AS event_index, "
@@ -324,12 +327,19 @@ def _replace_file(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-class WalCopy(_Copy):
-    """A receiver's write-ahead log folder (``DB.otlpwal`` by default)."""
+class WalCopy(Copy):
+    """A receiver's write-ahead log folder (``DB.otlpwal`` by default); ``only``: these segments of it (a
+    running receiver's closed segments)."""
 
     kind = "wal"
 
+    def __init__(self, path: str, only: Sequence[Path] | None = None) -> None:
+        super().__init__(path)
+        self.only = None if only is None else [Path(s) for s in only]
+
     def _segments(self) -> list[Path]:
+        if self.only is not None:
+            return [s for s in self.only if s.exists()]
         return walfile.segments(self.path)
 
     def plan(self, where: str, params: Sequence[Any], also: Sequence[tuple[str, str]], result: EraseResult) -> Plan:
@@ -337,23 +347,24 @@ class WalCopy(_Copy):
                     if kind == walfile.KIND_TRACES)
         return _plan_requests(payloads, where, params, also, result)
 
+    def rewrite_segment(self, seg: Path, p: Plan) -> bool:
+        """Write ``seg`` again with the planned spans erased in its requests; False if it holds none."""
+        out: list[bytes] = []
+        changed = False
+        for kind, payload in walfile.read_segment(seg):
+            new = erase_request(payload, p) if kind == walfile.KIND_TRACES else None
+            if new is not None:
+                payload, changed = new, True
+            out += [walfile.record_header(kind, payload), payload]
+        if changed:
+            _replace_file(seg, b"".join(out))
+        return changed
+
     def apply(self, p: Plan, record: pa.Table) -> dict[str, Any]:
-        rewritten = 0
-        for seg in self._segments():
-            out: list[bytes] = []
-            changed = False
-            for kind, payload in walfile.read_segment(seg):
-                new = erase_request(payload, p) if kind == walfile.KIND_TRACES else None
-                if new is not None:
-                    payload, changed = new, True
-                out += [walfile.record_header(kind, payload), payload]
-            if changed:
-                _replace_file(seg, b"".join(out))
-                rewritten += 1
-        return {"segments_rewritten": rewritten}
+        return {"segments_rewritten": sum(1 for seg in self._segments() if self.rewrite_segment(seg, p))}
 
 
-class OutboxCopy(_Copy):
+class OutboxCopy(Copy):
     """An agent's outbox folder (``OUTBOX/lane-*``); every lane is held locked from plan to apply."""
 
     kind = "outbox"
@@ -409,9 +420,9 @@ class OutboxCopy(_Copy):
 
 
 def copies_for(parquet: Iterable[str] = (), lakes: Iterable[str] = (), wal: Iterable[str] = (),
-               outbox: Iterable[str] = ()) -> list[_Copy]:
+               outbox: Iterable[str] = ()) -> list[Copy]:
     """The copies an erasure also reaches, checked to exist (a typo must not pass as "nothing to erase")."""
-    out: list[_Copy] = []
+    out: list[Copy] = []
     for path in parquet:
         if not os.path.isdir(path):
             raise StoreError(f"no Parquet export at {path}")

@@ -4,7 +4,9 @@ The receiver routes the request body here with a reader over its own database (`
 so reads work while it holds the DuckDB file. Each query runs on a cursor of its own (``sql.py``), so
 a long query holds no lock that other queries or ``/metrics`` wait for, and it is interrupted at the
 server's timeout; a request may ask for a shorter one with ``"timeout": SECONDS``. Errors come back
-as JSON {"error": message}: 400 for a refused or failed query, 408 for one interrupted at its timeout.
+as JSON {"error": message}: 400 for a refused or failed query, 408 for one interrupted at its timeout,
+503 when every query slot is taken or the file is being rewritten (an erasure, retention) for longer
+than a read waits (``store/rewrite_gate.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from otel_agenttape.store.reader import ARROW_STREAM, QueryError, Reader
+from otel_agenttape.store.rewrite_gate import StoreBusy
 from otel_agenttape.store.sql import DEFAULT_QUERY_TIMEOUT, QueryTimeout, run_readonly_sql
 
 
@@ -31,7 +34,7 @@ def _error(status: int, message: str) -> tuple[int, str, bytes]:
 
 
 def busy(message: str) -> tuple[int, str, bytes]:
-    """503: every query slot is taken."""
+    """503: every query slot is taken, or the store is being rewritten for longer than a read waits."""
     return _error(503, message)
 
 
@@ -57,6 +60,8 @@ def handle_query(reader: Reader, body: bytes,
         table = run_readonly_sql(reader, req["sql"], params, timeout=timeout)
     except QueryTimeout as exc:
         return _error(408, str(exc))
+    except StoreBusy as exc:  # the file is being rewritten (an erasure, retention) for longer than a read waits
+        return busy(str(exc))
     except QueryError as exc:
         return _error(400, str(exc))
     return 200, ARROW_STREAM, table_to_ipc(table)

@@ -83,6 +83,13 @@ class Reader:
     def close(self) -> None:
         """Release the source."""
 
+    def reading(self) -> Any:
+        """Held around a read made of several calls (a query on a cursor of its own): a store a running
+        receiver rewrites waits for it, and it for the rewrite (``store/rewrite_gate.py``)."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
     def __enter__(self) -> Reader:
         return self
 

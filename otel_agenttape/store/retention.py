@@ -74,9 +74,11 @@ def _spans_dropped(day: dt.date, a: str = "s") -> str:
 
 def retain_duckdb(path: str | os.PathLike[str], older_than_days: int, *, reason: str, by: str, signer: Any,
                   content_only: bool = False, dry_run: bool = False, today: dt.date | None = None,
-                  copies: Sequence[Any] = ()) -> dict[str, Any]:
-    """Apply the retention rule to a DuckDB store file (see the module doc); returns what it did."""
-    from otel_agenttape.store.erasure import _connect, erase_duckdb, rewrite
+                  copies: Sequence[Any] = (), connect: Any = None) -> dict[str, Any]:
+    """Apply the retention rule to a DuckDB store file (see the module doc); returns what it did.
+    ``connect``: the connection a dry run counts on (a running receiver's cursor; by default the file
+    read-only)."""
+    from otel_agenttape.store.erasure import connect_readonly, erase_duckdb, rewrite
 
     t0 = time.perf_counter()
     path = os.fspath(path)
@@ -88,11 +90,13 @@ def retain_duckdb(path: str | os.PathLike[str], older_than_days: int, *, reason:
     if content_only:
         res = erase_duckdb(path, "date < CAST(? AS DATE)", [day.isoformat()], reason=reason, by=by,
                            selector={"retain_older_than_days": older_than_days, "before": day.isoformat()},
-                           signer=signer, dry_run=dry_run, copies=copies)
+                           signer=signer, dry_run=dry_run, copies=copies, connect=connect if dry_run else None)
         return {**base, **res.to_json(), "rows": 0, "chains": 0}
     if copies:
         raise StoreError("retention drops spans from the store only; a lake keeps its own rule (lake retain)")
-    con = _connect(path)
+    if connect is not None and not dry_run:
+        raise ValueError("retention counts on the file itself; connect is for a dry run")
+    con = connect() if connect is not None else connect_readonly(path)
     try:
         where = _spans_dropped(day, "spans")
         rows, logs = con.execute(

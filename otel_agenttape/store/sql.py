@@ -19,6 +19,8 @@ its CPU use at once, and fails with ``QueryTimeout``.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import threading
 from collections.abc import Mapping, Sequence
@@ -199,7 +201,15 @@ def _ensure_locked(con: duckdb.DuckDBPyConnection) -> None:
 
 def _run_guarded(reader: ConnectionReader, sql: str, select_sql: str, params: Sequence[Any] | None,
                  timeout: float | None, relations: Mapping[str, pa.Table] | None = None) -> pa.Table:
-    """Plan check, then the query on its own cursor in a transaction that is rolled back."""
+    """Plan check, then the query on its own cursor in a transaction that is rolled back (inside the
+    reader's ``reading()``: a store being rewritten waits for it, and it for the rewrite)."""
+    reading = getattr(reader, "reading", None)
+    with reading() if reading is not None else contextlib.nullcontext():
+        return _run_on_cursor(reader, sql, select_sql, params, timeout, relations)
+
+
+def _run_on_cursor(reader: ConnectionReader, sql: str, select_sql: str, params: Sequence[Any] | None,
+                   timeout: float | None, relations: Mapping[str, pa.Table] | None) -> pa.Table:
     cur = reader.new_cursor()
     timer: threading.Timer | None = None
     fired = threading.Event()

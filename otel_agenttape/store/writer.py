@@ -32,7 +32,8 @@ import pyarrow.compute as pc
 from otel_agenttape.store import rows, schema
 from otel_agenttape.store.ddl import INDEX_ROW_SQL, RUN_HASH_OF_PARAM, create_schema
 from otel_agenttape.store.keyfilter import KeyFilter
-from otel_agenttape.store.readers import ConnectionReader, StoreOpenError, open_error_message
+from otel_agenttape.store.readers import StoreOpenError, open_error_message
+from otel_agenttape.store.rewrite_gate import RewriteGate, StoreReader
 
 T = TypeVar("T")
 
@@ -165,6 +166,8 @@ class Store:
         if self._write_threads == self._read_threads:
             self._write_threads = None
         self._lock = threading.Lock()
+        self.gate = RewriteGate()  # reads wait while ``exclusive`` rewrites the file
+        self.generation = 0  # bumped each time the database is opened again (readers renew their cursor)
         try:
             create_schema(self.con)
         except duckdb.Error as exc:  # e.g. a read-only file system, or a file from an incompatible version
@@ -370,6 +373,7 @@ class Store:
             pass
         try:
             self.con = duckdb.connect(self.path or ":memory:", config=self._config)
+            self.generation += 1
             self._writing = False
             self._checkpoint_at_once = False
             log.warning("reopened %s after a fatal write error", self.path)
@@ -388,20 +392,23 @@ class Store:
 
     def exclusive(self, fn: Callable[[str], T]) -> T:
         """Run ``fn(path)`` with the file closed and every write waiting, then open it again: how an
-        erasure rewrites the file of a running receiver. Writes block for as long as ``fn`` runs (the
-        receiver keeps accepting requests into its WAL meanwhile); a read started then fails and is
-        retried by its client."""
+        erasure or retention rewrites the file of a running receiver. Writes block for as long as ``fn``
+        runs (the receiver keeps accepting requests into its WAL meanwhile); reads wait for it
+        (``store/rewrite_gate.py``: bounded, then ``StoreBusy``), and the reads already running get
+        ``READ_DRAIN_SECONDS`` to finish first."""
         if not self.path:
             raise ValueError("an in-memory store has no file to rewrite")
-        with self._lock:
-            self.con.close()
-            try:
-                return fn(self.path)
-            finally:
-                self.con = duckdb.connect(self.path, config=self._config)
-                self._writing = False
-                self._checkpoint_at_once = False
-                self._reload_filters()
+        with self.gate.rewriting():
+            with self._lock:
+                self.con.close()
+                try:
+                    return fn(self.path)
+                finally:
+                    self.con = duckdb.connect(self.path, config=self._config)
+                    self.generation += 1
+                    self._writing = False
+                    self._checkpoint_at_once = False
+                    self._reload_filters()
 
     # -- reads on the writer's database (same process) ------------------------------------------
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -409,8 +416,9 @@ class Store:
         return self.con.cursor()
 
     def reader(self) -> Any:
-        """A ``Reader`` over this store's database (same process, for tests and OTLP files)."""
-        return ConnectionReader(self.con.cursor(), description=self.path or ":memory:")
+        """A ``Reader`` over this store's database (same process: the receiver's reads, the console, tests,
+        OTLP files); it waits for a rewrite and reads the file opened after it."""
+        return StoreReader(self)
 
     def close(self) -> None:
         if not self._closed:

@@ -102,22 +102,36 @@ def held_by_server(reader: Reader) -> bool:
 def erase_via_server(reader: Any, where: str, params: list[Any], selector: dict[str, Any], *, reason: str,
                      signing_key: Any = None, by: str | None = None, dry_run: bool = False) -> dict[str, Any]:
     """Ask the receiver that holds the store to erase (``POST /api/erase``): it keeps ingesting, its
-    writes wait only while the file is rewritten. The record is signed with ``signing_key`` when one is
-    given (sent to the receiver over its authenticated endpoint), else with the receiver's own key."""
+    writes wait only while the file and its own copies are rewritten. The record is signed with
+    ``signing_key`` when one is given (sent to the receiver over its authenticated endpoint), else with
+    the receiver's own key."""
+    key = signer_from(signing_key).skey() if signing_key is not None else None
+    return _post(reader, "/api/erase", "erasure", {"where": where, "params": params, "selector": selector,
+                                                    "reason": reason, "by": by or default_by(),
+                                                    "signing_key": key, "dry_run": dry_run})
+
+
+def retain_via_server(reader: Any, older_than_days: int, *, reason: str, content_only: bool = False,
+                      signing_key: Any = None, by: str | None = None, dry_run: bool = False,
+                      today: Any = None) -> dict[str, Any]:
+    """Ask the receiver that holds the store to apply retention (``POST /api/retain``), as ``erase_via_server``."""
+    key = signer_from(signing_key).skey() if signing_key is not None else None
+    return _post(reader, "/api/retain", "retention", {
+        "older_than_days": int(older_than_days), "reason": reason, "by": by or default_by(),
+        "content_only": content_only, "signing_key": key, "dry_run": dry_run,
+        "today": today.isoformat() if today is not None else None})
+
+
+def _post(reader: Any, path: str, what: str, doc: dict[str, Any]) -> dict[str, Any]:
     import urllib.error
     import urllib.request
 
     import orjson
 
-    key = None
-    if signing_key is not None:
-        key = signer_from(signing_key).skey()
-    body = orjson.dumps({"where": where, "params": params, "selector": selector, "reason": reason,
-                         "by": by or default_by(), "signing_key": key, "dry_run": dry_run})
     headers = {"Content-Type": "application/json"}
     if getattr(reader, "token", None):
         headers["Authorization"] = f"Bearer {reader.token}"
-    req = urllib.request.Request(f"{reader.url}/api/erase", data=body, headers=headers, method="POST")
+    req = urllib.request.Request(f"{reader.url}{path}", data=orjson.dumps(doc), headers=headers, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=600) as resp:  # noqa: S310 - the receiver's own URL
             return orjson.loads(resp.read())
@@ -126,7 +140,7 @@ def erase_via_server(reader: Any, where: str, params: list[Any], selector: dict[
             message = orjson.loads(exc.read()).get("error") or str(exc)
         except (ValueError, AttributeError):
             message = str(exc)
-        raise StoreError(f"the receiver at {reader.url} refused the erasure: {message}") from None
+        raise StoreError(f"the receiver at {reader.url} refused the {what}: {message}") from None
     except OSError as exc:
         raise StoreError(f"cannot reach the receiver at {reader.url}: {exc}") from None
 

@@ -185,9 +185,9 @@ def _live(tbl: Any) -> list[Any]:
 
 
 def _read(fs: Any, table: str, files: list[Any]) -> pa.Table:
-    from otel_agenttape.store.lake.iceberg_read import _key
+    from otel_agenttape.store.lake.iceberg_read import object_key
 
-    return ds.dataset([_key(fs, f.file_path) for f in files], filesystem=fs.fs, format="parquet",
+    return ds.dataset([object_key(fs, f.file_path) for f in files], filesystem=fs.fs, format="parquet",
                       schema=ic.arrow_schema(table)).to_table()
 
 
@@ -268,7 +268,7 @@ def compact(url: str, target_bytes: int = DEFAULT_TARGET_BYTES, grace_seconds: f
 def _expire(tbl: Any, fs: Any, grace_seconds: float) -> tuple[int, int]:
     """Delete the files maintenance snapshots older than the grace period took out of the table (unless live
     again), keep the receivers' coverage as a table property, then expire those snapshots."""
-    from otel_agenttape.store.lake.iceberg_read import _key
+    from otel_agenttape.store.lake.iceberg_read import object_key
 
     tbl.refresh()
     cutoff_ms = int((time.time() - grace_seconds) * 1000) + (1 if grace_seconds <= 0 else 0)
@@ -279,7 +279,7 @@ def _expire(tbl: Any, fs: Any, grace_seconds: float) -> tuple[int, int]:
     for snap in past:
         for path in json.loads(ifl.summary_props(snap).get(REMOVED, "[]")):
             if path not in live:
-                key = _key(fs, path)
+                key = object_key(fs, path)
                 try:
                     fs.fs.delete_file(key)
                     deleted += 1
@@ -418,7 +418,7 @@ def erase_files(datasets: dict[str, tuple[Any, Any, list[Any]]], rewrite: Any, r
     or None) is written again as a new file, and the record's rows are added, in one overwrite snapshot per
     table (``agenttape.operation = erase``); then the replaced files are deleted and the older snapshots
     expired at once (no grace period: an erasure cannot wait for readers)."""
-    from otel_agenttape.store.lake.iceberg_read import _key
+    from otel_agenttape.store.lake.iceberg_read import object_key
 
     out: dict[str, Any] = {"files_rewritten": 0, "files_deleted": 0, "expired_snapshots": 0}
     stamp = time.time_ns()
@@ -427,7 +427,7 @@ def erase_files(datasets: dict[str, tuple[Any, Any, list[Any]]], rewrite: Any, r
         removes: list[Any] = []
         hashes: dict[str, str] = {}
         for f in files:
-            with fs.fs.open_input_file(_key(fs, f.file_path)) as fh:
+            with fs.fs.open_input_file(object_key(fs, f.file_path)) as fh:
                 t = rewrite(table, pq.read_table(fh))
             if t is None:
                 continue

@@ -17,10 +17,12 @@ sees them; they are replaced by that rewrite, and staged uploads are cleared at 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from otel_agenttape.store import parquet as pqlake
@@ -80,6 +82,16 @@ class IcebergPublisher(LakePublisher):
         gone = self.clean_orphans()
         if gone:
             log.info("removed %d file(s) a stopped receiver %s left uncommitted", gone, self.receiver)
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Publish nothing meanwhile (the store file is rewritten, or the lake erased, by the receiver that
+        runs this publisher); its cursor on the store is renewed after, since a rewrite closes it."""
+        with self._lock:
+            try:
+                yield
+            finally:
+                self._con = self.store.cursor()
 
     def adopt_migrated(self) -> int:
         """A receiver that moves from a folder/S3 lake to this one after ``lake migrate`` copied that lake: its

@@ -157,7 +157,7 @@ class IcebergLake:
             src = "read_parquet([" + ", ".join(_q(p) for p in local) + "], union_by_name = true)"
         else:
             fs, _ = ifl.location_fs(self.tables[table].location())
-            dataset = ds.dataset([_key(fs, p) for p in paths], filesystem=fs.fs, format="parquet",
+            dataset = ds.dataset([object_key(fs, p) for p in paths], filesystem=fs.fs, format="parquet",
                                  schema=ic.arrow_schema(table))
             con.register(name, dataset)
             registry[name] = dataset
@@ -169,10 +169,10 @@ class IcebergLake:
         names it (a stat per local file; one listing per table on S3)."""
         paths = [f.file_path for f in files]
         if all(p.startswith("file://") or p.startswith("/") for p in paths):
-            return [f for f in files if os.path.exists(_key(None, f.file_path))]
+            return [f for f in files if os.path.exists(object_key(None, f.file_path))]
         fs, _ = ifl.location_fs(self.tables[table].location())
         there = set(fs.list("data"))
-        return [f for f in files if _key(fs, f.file_path)[len(fs.base) + 1:] in there]
+        return [f for f in files if object_key(fs, f.file_path)[len(fs.base) + 1:] in there]
 
     def sources(self, con: duckdb.DuckDBPyConnection, n: int, registry: dict[str, Any]) -> dict[str, str]:
         """The SQL each table's view reads: every live file of the snapshot read."""
@@ -266,7 +266,7 @@ class IcebergLake:
                 continue
             fs, _ = ifl.location_fs(self.tables[table].location())
             known = self.hashes(table) if hashes else {}
-            keys = [_key(fs, f.file_path) for f in files]
+            keys = [object_key(fs, f.file_path) for f in files]
             sizes = fs.fs.get_file_info(keys)
             for f, info in zip(files, sizes):
                 where = f.file_path
@@ -275,12 +275,13 @@ class IcebergLake:
                 elif int(info.size) != int(f.file_size_in_bytes):
                     problems.append({"file": where, "problem": f"size {info.size} bytes, the table lists "
                                                               f"{f.file_size_in_bytes}: edited or replaced"})
-                elif hashes and where in known and _sha256(fs, _key(fs, where)) != known[where]:
+                elif hashes and where in known and _sha256(fs, object_key(fs, where)) != known[where]:
                     problems.append({"file": where, "problem": "sha256 differs from the snapshot that added it: edited"})
         return problems
 
 
-def _key(fs: LakeFS | None, path: str) -> str:
+def object_key(fs: LakeFS | None, path: str) -> str:
+    """A data file's Iceberg path as its file system opens it (no ``file://`` or ``s3://`` scheme)."""
     if path.startswith("file://"):
         return path[len("file://"):]
     if path.startswith("s3://"):

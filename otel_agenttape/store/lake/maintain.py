@@ -44,8 +44,8 @@ def _chunks(files: list[dict[str, Any]], target: int) -> list[list[dict[str, Any
     return [c for c in out if len(c) > 1]
 
 
-def _new_snapshot(cat: mf.Catalog, files: dict[str, dict[str, Any]], removed: list[dict[str, Any]],
-                  retention: list[dict[str, Any]], now: float, grace: float) -> tuple[dict[str, Any], list[str]]:
+def new_snapshot(cat: mf.Catalog, files: dict[str, dict[str, Any]], removed: list[dict[str, Any]],
+                 retention: list[dict[str, Any]], now: float, grace: float) -> tuple[dict[str, Any], list[str]]:
     """The next snapshot, and the keys that may be deleted once it is written."""
     covers = dict(cat.covers)
     for key in cat.entries:
@@ -73,7 +73,9 @@ def _new_snapshot(cat: mf.Catalog, files: dict[str, dict[str, Any]], removed: li
     return snap, delete
 
 
-def _commit(lake: LakeFS, snap: dict[str, Any], delete: list[str]) -> int:
+def commit_snapshot(lake: LakeFS, snap: dict[str, Any], delete: list[str]) -> int:
+    """Write the snapshot (readers list the lake from it on), then delete what it dropped; returns the
+    files deleted."""
     lake.put_bytes(mf.snapshot_key(snap["generation"]), mf.dumps(snap))
     return sum(1 for k in delete if lake.delete(k))
 
@@ -117,9 +119,9 @@ def compact(uri: str | LakeFS, target_bytes: int = DEFAULT_TARGET_BYTES, grace_s
         con.close()
     if not removed and not cat.entries and not (cat.snapshot or {}).get("removed"):
         return {"merged_files": 0, "written_files": 0, "rows": 0, "deleted": 0, "generation": cat.generation}
-    snap, delete = _new_snapshot(cat, files, removed, list((cat.snapshot or {}).get("retention", [])),
+    snap, delete = new_snapshot(cat, files, removed, list((cat.snapshot or {}).get("retention", [])),
                                  time.time(), grace_seconds)
-    deleted = _commit(lake, snap, delete)
+    deleted = commit_snapshot(lake, snap, delete)
     return {"merged_files": len(removed), "written_files": len([k for k in files if k not in cat.files]),
             "rows": merged_rows, "deleted": deleted, "generation": snap["generation"]}
 
@@ -151,8 +153,8 @@ def retain(uri: str | LakeFS, older_than_days: int, grace_seconds: float = DEFAU
     gone = {f["key"] for f in old}
     files = {k: f for k, f in cat.files.items() if k not in gone}
     records = [*(cat.snapshot or {}).get("retention", []), record]
-    snap, delete = _new_snapshot(cat, files, old, records, time.time(), grace_seconds)
-    deleted = _commit(lake, snap, delete)
+    snap, delete = new_snapshot(cat, files, old, records, time.time(), grace_seconds)
+    deleted = commit_snapshot(lake, snap, delete)
     return {"removed_files": len(old), "rows": record["rows"], "before": record["before"], "chains": len(chains),
             "deleted": deleted, "generation": snap["generation"]}
 

@@ -18,10 +18,12 @@ entry was already written the batch is only marked. Nothing is lost and nothing 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 from otel_agenttape.store import parquet as pqlake
@@ -97,6 +99,16 @@ class LakePublisher:
         left = self.lake.clear_staged(f"{self.receiver}-", own=mf.entry_key(self.receiver, 0).rsplit("/", 1)[0])
         if left:
             log.info("removed %d staged lake file(s) a stopped receiver %s left", left, self.receiver)
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Publish nothing meanwhile (the store file is rewritten, or the lake erased, by the receiver that
+        runs this publisher); its cursor on the store is renewed after, since a rewrite closes it."""
+        with self._lock:
+            try:
+                yield
+            finally:
+                self._con = self.store.cursor()
 
     # -- cursor -------------------------------------------------------------------------------
     def _rows(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:

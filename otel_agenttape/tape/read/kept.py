@@ -24,8 +24,9 @@ _KEY_SELECT = f"SELECT ref, run_id, trace_id, ours, {', '.join(_KEY_COLUMNS)}"
 def store_version(reader: Reader) -> int | None:
     """A number that changes whenever the runs of the store can have changed, or None when there is none
     to be had cheaply. A DuckDB store (a read-only file, or the writer's own database) only ever gains
-    spans: the writer appends and never updates or deletes a span, and user SQL is refused writes, so
-    its span count (from the table's metadata, well under a millisecond) is such a number. A reader
+    spans between rewrites: the writer appends and never updates or deletes a span, and user SQL is
+    refused writes, so its span count (from the table's metadata, well under a millisecond), with the
+    count of rewrites (an erasure, retention: ``Store.generation``) above it, is such a number. A reader
     whose files cannot change while it is open (a lake's, over the files its manifest listed when it was
     opened) has a ``fixed_version``. A server is asked every time."""
     fixed = getattr(reader, "fixed_version", None)
@@ -33,15 +34,18 @@ def store_version(reader: Reader) -> int | None:
         return int(fixed)
     if getattr(reader, "kind", None) != "duckdb" or not hasattr(reader, "con"):
         return None
+    # a running receiver's store: an erasure or retention rewrites the file (values go, spans may go);
+    # each rewrite bumps the generation, so nothing kept from before it is taken for this version
+    generation = int(getattr(reader, "generation", 0) or 0) << 40
     # asked several times a page: one row fetched straight from the connection (about 0.35 ms on a
     # 1,000,000-span store) rather than through an Arrow table (about 0.85 ms)
     execute = getattr(reader.con, "execute", None)
     if execute is not None:
         try:
-            return int(execute("SELECT count(*) FROM spans").fetchall()[0][0])
+            return generation + int(execute("SELECT count(*) FROM spans").fetchall()[0][0])
         except duckdb.Error:
             pass
-    return int(_rows(reader, "SELECT count(*) AS n FROM spans", [])[0]["n"])
+    return generation + int(_rows(reader, "SELECT count(*) AS n FROM spans", [])[0]["n"])
 
 
 class _Kept:

@@ -376,14 +376,15 @@ class Tapes:
         folder or S3 lakes (``lakes``), receiver WAL folders (``wal``; ``DB.otlpwal`` always) and outbox
         folders (``outbox``), under the same record. Returns the counts, per copy under ``copies``
         (``dry_run``: what would be erased, nothing changed). A store a running receiver holds is erased
-        by that receiver (``POST /api/erase``) while it keeps ingesting."""
+        by that receiver (``POST /api/erase``) while it keeps ingesting, with the copies it writes itself
+        (its WAL and spool, its Parquet export and lake)."""
         from ...store.reader import open_duckdb
         from ..erase import erase_file, erase_via_server, held_by_server, selection, signer_from, store_path
 
         if held_by_server(self.reader):  # a running receiver holds the file: it erases while it ingests
             if parquet or lakes or wal or outbox:
-                raise ValueError("copies are erased with the receiver stopped; erase the store first, then "
-                                 "each copy with the receiver stopped")
+                raise ValueError("a running receiver erases the copies it writes itself (its WAL, spool, "
+                                 "--parquet-dir and --lake); other copies are erased with the receiver stopped")
             cond, params, selector = selection(self.reader, session=session, run=run, trace=trace, before=before,
                                                where=where)
             return erase_via_server(self.reader, cond, params, selector, reason=reason, signing_key=signing_key,
@@ -407,17 +408,15 @@ class Tapes:
         """Apply the retention rule of ``lake retain`` to this DuckDB store (``agenttape retain``): spans
         dated before UTC today minus ``older_than_days`` are dropped with their events, links and old log
         records, recorded so ``verify`` reports them as removed by retention; with ``content_only`` their
-        content is erased instead (a signed erasure record; the spans and their proofs stay)."""
+        content is erased instead (a signed erasure record; the spans and their proofs stay). A store a
+        running receiver holds is rewritten by that receiver (``POST /api/retain``) while it keeps ingesting."""
         from ...store.reader import open_duckdb
-        from ...store.retention import cutoff, retain_duckdb
-        from ..erase import default_by, erase_via_server, held_by_server, signer_from, store_path
+        from ...store.retention import retain_duckdb
+        from ..erase import default_by, held_by_server, retain_via_server, signer_from, store_path
 
-        if content_only and held_by_server(self.reader):  # an erasure: the running receiver does it
-            day = cutoff(int(older_than_days), today).isoformat()
-            out = erase_via_server(self.reader, "date < CAST(? AS DATE)", [day],
-                                   {"retain_older_than_days": int(older_than_days), "before": day}, reason=reason,
-                                   signing_key=signing_key, by=by, dry_run=dry_run)
-            return {"before": day, "older_than_days": int(older_than_days), "content_only": True, **out}
+        if held_by_server(self.reader):  # a running receiver holds the file: it applies the rule while it ingests
+            return retain_via_server(self.reader, int(older_than_days), reason=reason, content_only=content_only,
+                                     signing_key=signing_key, by=by, dry_run=dry_run, today=today)
         path = store_path(self.reader)
         signer = signer_from(signing_key) if content_only else None
         self.reader.close()
