@@ -184,7 +184,12 @@ _LOG_COLUMNS = ("log_id", "trace_id", "span_id", "time_unix_nano", "observed_tim
 
 
 def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchall()[0][0])
+    """Whether ``name`` is a table, view or registered relation of ``con``."""
+    try:
+        con.execute(f"SELECT 1 FROM {_quote(name)} LIMIT 0").fetchall()
+    except duckdb.CatalogException:
+        return False
+    return True
 
 
 def _record_entry(out: Plan, tid: str, sid: str, chain_id: Any, epoch: Any, seq: Any) -> dict[str, Any]:

@@ -70,7 +70,15 @@ class Copy:
 
 
 def _replace_attributes(t: pa.Table, table: str, p: Plan) -> pa.Table | None:
-    """``t`` (rows of ``spans`` or ``span_events``) with the planned attribute sets, or None if none is in it."""
+    """``t`` (rows of ``spans``, ``span_events`` or ``log_records``) with the planned attribute sets (for
+    log records, and bodies), or None if none is in it."""
+    if table == "log_records":
+        new_logs = [p.logs.get(lid) for lid in t.column("log_id").to_pylist()] if p.logs else []
+        if not any(n is not None for n in new_logs):
+            return None
+        t = _set_json(t, "body", [None if n is None else n[0] for n in new_logs], [n is not None for n in new_logs])
+        return _set_json(t, "attributes", [None if n is None else n[1] for n in new_logs],
+                         [n is not None for n in new_logs])
     tids = t.column("trace_id").to_pylist()
     sids = t.column("span_id").to_pylist()
     if table == "spans":
@@ -79,11 +87,17 @@ def _replace_attributes(t: pa.Table, table: str, p: Plan) -> pa.Table | None:
         new = [p.events.get((a, b, i)) for a, b, i in zip(tids, sids, t.column("event_index").to_pylist())]
     if not any(n is not None for n in new):
         return None
-    i = t.schema.get_field_index("attributes")
+    return _set_json(t, "attributes", new, [n is not None for n in new])
+
+
+def _set_json(t: pa.Table, name: str, new: Sequence[Any], changed: Sequence[bool]) -> pa.Table:
+    """``t`` with column ``name`` (JSON text, possibly an extension type) set to ``new`` where ``changed``
+    (a None there: NULL)."""
+    i = t.schema.get_field_index(name)
     col = t.column(i)
     storage_type = col.type.storage_type if isinstance(col.type, pa.ExtensionType) else col.type
     old = (col.combine_chunks().storage if isinstance(col.type, pa.ExtensionType) else col.combine_chunks()).to_pylist()
-    vals = [orjson.dumps(n).decode() if n is not None else o for n, o in zip(new, old)]
+    vals = [(None if n is None else orjson.dumps(n).decode()) if c else o for n, c, o in zip(new, changed, old)]
     arr = pa.array(vals, type=storage_type)
     if isinstance(col.type, pa.ExtensionType):
         arr = pa.ExtensionArray.from_storage(col.type, arr)
@@ -96,7 +110,7 @@ def _write_parquet(t: pa.Table, out: str) -> None:
 
 
 def _plan_files(lake: Any, spans: Sequence[str], events: Sequence[str], where: str, params: Sequence[Any],
-                also: Sequence[tuple[str, str]], result: EraseResult) -> Plan:
+                also: Sequence[tuple[str, str]], result: EraseResult, logs: Sequence[str] = ()) -> Plan:
     from otel_agenttape.store.lake.read import scan_sql
 
     if not spans:
@@ -109,9 +123,14 @@ def _plan_files(lake: Any, spans: Sequence[str], events: Sequence[str], where: s
         else:
             con.execute("CREATE VIEW span_events AS SELECT '' AS trace_id, '' AS span_id, 0 AS event_index, "
                         "'{}' AS attributes WHERE false")
-        return plan(con, where, params, result, also)
+        if logs:
+            con.execute(f"CREATE VIEW log_records AS {scan_sql(con, lake, 'log_records', list(logs), '_el')}")
+        return plan(con, where, params, result, also, logs=bool(logs))
     finally:
         con.close()
+
+
+_TABLES = ("spans", "span_events", "log_records")  # what an erasure changes in a copy
 
 
 class ParquetCopy(Copy):
@@ -131,11 +150,11 @@ class ParquetCopy(Copy):
         if not os.path.isdir(os.path.join(self.path, "spans")):
             raise StoreError(f"{self.path}: no Parquet export here (no spans folder)")
         return _plan_files(lake_fs(self.path), self._files("spans"), self._files("span_events"), where, params,
-                           also, result)
+                           also, result, self._files("log_records"))
 
     def apply(self, p: Plan, record: pa.Table) -> dict[str, Any]:
         rewritten = 0
-        for table in ("spans", "span_events"):
+        for table in _TABLES:
             for rel in self._files(table):
                 path = os.path.join(self.path, rel)
                 t = _replace_attributes(pq.read_table(path, partitioning=None), table, p)
@@ -175,7 +194,8 @@ class LakeCopy(Copy):
         self.cat = mf.load_catalog(self.lake)
         spans = [f["key"] for f in self.cat.table_files("spans")]
         events = [f["key"] for f in self.cat.table_files("span_events")]
-        return _plan_files(self.lake, spans, events, where, params, also, result)
+        logs = [f["key"] for f in self.cat.table_files("log_records")]
+        return _plan_files(self.lake, spans, events, where, params, also, result, logs)
 
     def apply(self, p: Plan, record: pa.Table) -> dict[str, Any]:
         from otel_agenttape.store.lake import manifest as mf
@@ -186,7 +206,7 @@ class LakeCopy(Copy):
         gen = cat.generation + 1
         files = dict(cat.files)
         removed: list[dict[str, Any]] = []
-        for table in ("spans", "span_events"):
+        for table in _TABLES:
             for k, f in enumerate(cat.table_files(table)):
                 with self.lake.open_input(f["key"]) as fh:
                     t = _replace_attributes(pq.read_table(fh), table, p)
@@ -231,15 +251,16 @@ class IcebergCopy(Copy):
             return Plan()
         con = duckdb.connect(":memory:")
         try:
-            for table in ("spans", "span_events"):
+            for table in _TABLES:
                 if table in self.datasets and self.datasets[table][2]:
                     _, fs, files = self.datasets[table]
                     con.register(table, ds.dataset([object_key(fs, f.file_path) for f in files], filesystem=fs.fs,
                                                    format="parquet", schema=ic.arrow_schema(table)))
-                else:
+                elif table == "span_events":
                     con.execute("CREATE VIEW span_events AS SELECT '' AS trace_id, '' AS span_id, 0 AS event_index, "
                                 "'{}' AS attributes WHERE false")
-            return plan(con, where, params, result, also)
+            return plan(con, where, params, result, also, logs="log_records" in self.datasets
+                        and bool(self.datasets["log_records"][2]))
         finally:
             con.close()
 
@@ -297,19 +318,52 @@ def erase_request(payload: bytes, p: Plan) -> bytes | None:
     return req.SerializeToString() if changed else None
 
 
+def erase_logs_request(payload: bytes, p: Plan) -> bytes | None:
+    """A serialized ``ExportLogsServiceRequest`` with the planned log records erased (matched by their
+    ``log_id``, as the store keys them), or None if it holds none."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    from otel_agenttape.store import rows
+
+    if not p.logs:
+        return None
+    req = ExportLogsServiceRequest.FromString(payload)
+    ids = iter(rows.request_log_ids(req))
+    changed = False
+    for rl in req.resource_logs:
+        for sl in rl.scope_logs:
+            for rec in sl.log_records:
+                new = p.logs.get(next(ids))
+                if new is None:
+                    continue
+                body, attrs = new
+                if body is None:  # erasure only ever removes a body (re-encoding one would change its log_id)
+                    rec.ClearField("body")
+                _edit_kvs(rec.attributes, attrs)
+                changed = True
+    return req.SerializeToString() if changed else None
+
+
 def _plan_requests(payloads: Iterable[bytes], where: str, params: Sequence[Any], also: Sequence[tuple[str, str]],
-                   result: EraseResult) -> Plan:
+                   result: EraseResult, log_payloads: Iterable[bytes] = ()) -> Plan:
+    """Plan over the spans (and the log records of ``log_payloads``) that OTLP request bodies hold."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
     from otel_agenttape.store import rows
 
     payloads = list(payloads)
     if not payloads:
         return Plan()
     tables = rows.traces_to_tables(payloads)
+    logs = [ExportLogsServiceRequest.FromString(b) for b in log_payloads]
     con = duckdb.connect(":memory:")
     try:
         con.register("spans", tables.spans)
         con.register("span_events", tables.span_events)
-        return plan(con, where, params, result, also)
+        if logs:
+            log_table = rows.logs_to_tables(logs).log_records
+            con.execute("CREATE TABLE log_records AS SELECT * FROM log_table")
+        return plan(con, where, params, result, also, logs=bool(logs))
     finally:
         con.close()
 
@@ -343,16 +397,17 @@ class WalCopy(Copy):
         return walfile.segments(self.path)
 
     def plan(self, where: str, params: Sequence[Any], also: Sequence[tuple[str, str]], result: EraseResult) -> Plan:
-        payloads = (pl for seg in self._segments() for kind, pl in walfile.read_segment(seg)
-                    if kind == walfile.KIND_TRACES)
-        return _plan_requests(payloads, where, params, also, result)
+        records = [(kind, pl) for seg in self._segments() for kind, pl in walfile.read_segment(seg)]
+        return _plan_requests((pl for kind, pl in records if kind == walfile.KIND_TRACES), where, params, also,
+                              result, (pl for kind, pl in records if kind == walfile.KIND_LOGS))
 
     def rewrite_segment(self, seg: Path, p: Plan) -> bool:
         """Write ``seg`` again with the planned spans erased in its requests; False if it holds none."""
         out: list[bytes] = []
         changed = False
         for kind, payload in walfile.read_segment(seg):
-            new = erase_request(payload, p) if kind == walfile.KIND_TRACES else None
+            new = (erase_request(payload, p) if kind == walfile.KIND_TRACES else
+                   erase_logs_request(payload, p) if kind == walfile.KIND_LOGS else None)
             if new is not None:
                 payload, changed = new, True
             out += [walfile.record_header(kind, payload), payload]
@@ -374,16 +429,17 @@ class OutboxCopy(Copy):
         self._locks: list[int] = []
 
     def plan(self, where: str, params: Sequence[Any], also: Sequence[tuple[str, str]], result: EraseResult) -> Plan:
-        self.lanes = outboxfile.lanes(self.path)
+        self.lanes = outboxfile.lanes(self.path) + outboxfile.lanes(Path(self.path) / outboxfile.LOGS_FOLDER)
         for lane in self.lanes:
             fd = outboxfile.try_lock(lane)
             if fd is None:
                 raise StoreError(f"outbox lane {lane} is held by a running process: stop it (or let it deliver "
                                  "its spans), then erase")
             self._locks.append(fd)
-        payloads = (r.payload for lane in self.lanes for _, seg in outboxfile.segments(lane)
-                    for r in outboxfile.scan_segment(seg, 0).records if r.kind == outboxfile.KIND_TRACES)
-        return _plan_requests(payloads, where, params, also, result)
+        records = [r for lane in self.lanes for _, seg in outboxfile.segments(lane)
+                   for r in outboxfile.scan_segment(seg, 0).records]
+        return _plan_requests((r.payload for r in records if r.kind == outboxfile.KIND_TRACES), where, params,
+                              also, result, (r.payload for r in records if r.kind == outboxfile.KIND_LOGS))
 
     def apply(self, p: Plan, record: pa.Table) -> dict[str, Any]:
         rewritten = 0
@@ -398,7 +454,8 @@ class OutboxCopy(Copy):
                 for r in scan.records:
                     moved[r.offset] = pos
                     payload = r.payload
-                    new = erase_request(payload, p) if r.kind == outboxfile.KIND_TRACES else None
+                    new = (erase_request(payload, p) if r.kind == outboxfile.KIND_TRACES else
+                           erase_logs_request(payload, p) if r.kind == outboxfile.KIND_LOGS else None)
                     if new is not None:
                         payload, changed = new, True
                     rec = outboxfile.encode_record(r.kind, r.items, payload)

@@ -343,6 +343,19 @@ def log_id(resource_id_: str, scope_name: str, scope_version: str, record_bytes:
     return h.hexdigest()
 
 
+def request_log_ids(request: Any) -> list[str]:
+    """The ``log_id`` of each log record of one ``ExportLogsServiceRequest``, in its order (repeats kept):
+    how a request log's records are matched with stored rows."""
+    res = _Resources()
+    out = []
+    for rl in request.resource_logs:
+        rid, _ = res.add(rl.resource, rl.schema_url)
+        for sl in rl.scope_logs:
+            for rec in sl.log_records:
+                out.append(log_id(rid, sl.scope.name, sl.scope.version, rec.SerializeToString(deterministic=True)))
+    return out
+
+
 def logs_to_tables(requests: Iterable[Any]) -> Tables:
     """Convert ``ExportLogsServiceRequest`` messages to log_records/resources."""
     rows: list[tuple] = []
@@ -406,6 +419,7 @@ __all__ = [
     "concat",
     "log_id",
     "logs_to_tables",
+    "request_log_ids",
     "resource_id",
     "span_problem",
     "traces_to_tables",

@@ -397,12 +397,12 @@ def status(url: str) -> dict[str, Any]:
 
 
 def erase_datasets(url: str) -> dict[str, tuple[Any, Any, list[Any]]]:
-    """``{table: (Iceberg table, file system, live data files)}`` of ``spans`` and ``span_events``: what an
-    erasure plans over (``store/erasure_copies.py``)."""
+    """``{table: (Iceberg table, file system, live data files)}`` of ``spans``, ``span_events`` and
+    ``log_records``: what an erasure plans over (``store/erasure_copies.py``)."""
     catalog, parsed = ic.load(url)
     tables = ic.load_tables(catalog, parsed.namespace)
     out = {}
-    for table in ("spans", "span_events"):
+    for table in ("spans", "span_events", "log_records"):
         tbl = tables.get(table)
         if tbl is None:
             continue
