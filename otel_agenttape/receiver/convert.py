@@ -120,10 +120,16 @@ class ConvertPool:
 
     def drop_kept_files(self) -> int:
         """Remove the hand-off files kept for reuse (an erasure: they hold earlier request bodies and
-        rows, and a file is overwritten from its start, never shrunk); files in use stay. Returns how many."""
+        rows, and a file is overwritten from its start, never shrunk), and each file in use now once it
+        is given back, unless it was written again since. Returns how many were removed now."""
+        import gc
+        import time
+
+        now = time.time_ns()
+        gc.collect()  # rows no longer referenced but in a cycle: their files come back to be removed
         n = len(self._bodies.paths()) + len(self._rows.paths())
-        self._bodies.clear()
-        self._rows.clear()
+        self._bodies.clear(now)
+        self._rows.clear(now)
         return n
 
     def start(self) -> None:

@@ -85,6 +85,7 @@ class Recycler:
         self._keep_total = keep_total  # bytes of files kept at most (they live in shared memory)
         self._free: list[tuple[str, int]] = []
         self._bytes = 0
+        self._written_before = 0  # ``clear(...)``: a file given back that was last written before this goes
         # re-entrant: a collection that frees rows (and so calls ``give``) can run inside any method
         self._lock = threading.RLock()
 
@@ -99,6 +100,11 @@ class Recycler:
     def give(self, path: str, size: int) -> None:
         with self._lock:
             keep = size <= _KEEP_BYTES and self._bytes + size <= self._keep_total
+            if keep and self._written_before:
+                try:
+                    keep = os.stat(path).st_mtime_ns >= self._written_before
+                except OSError:
+                    keep = False
             if keep:
                 self._free.append((path, size))
                 self._bytes += size
@@ -110,9 +116,12 @@ class Recycler:
         with self._lock:
             return [path for path, _ in self._free]
 
-    def clear(self) -> None:
+    def clear(self, written_before: int = 0) -> None:
+        """Remove the files kept; with ``written_before`` (ns since the epoch) also every file given back
+        later that was last written before it (an erasure: files in use then still hold earlier bodies)."""
         with self._lock:
             free, self._free, self._bytes = self._free, [], 0
+            self._written_before = max(self._written_before, written_before)
         for path, _ in free:
             _unlink(path)
 

@@ -69,6 +69,15 @@ class Copy:
 # --- Parquet files --------------------------------------------------------------------------------
 
 
+def _touches(t: pa.Table, table: str, p: Plan) -> bool:
+    """Whether rows of ``spans`` or ``span_events`` (their key columns are enough) hold a planned change."""
+    tids = t.column("trace_id").to_pylist()
+    sids = t.column("span_id").to_pylist()
+    if table == "spans":
+        return any((a, b) in p.spans for a, b in zip(tids, sids))
+    return any((a, b, i) in p.events for a, b, i in zip(tids, sids, t.column("event_index").to_pylist()))
+
+
 def _replace_attributes(t: pa.Table, table: str, p: Plan) -> pa.Table | None:
     """``t`` (rows of ``spans``, ``span_events`` or ``log_records``) with the planned attribute sets (for
     log records, and bodies), or None if none is in it."""
@@ -235,9 +244,14 @@ class LakeCopy(Copy):
 
 class IcebergCopy(Copy):
     """An Iceberg lake (``iceberg+...``): the changed files rewritten in one overwrite snapshot per table,
-    the replaced files deleted and the older snapshots expired at once (``iceberg_maintain.erase_files``)."""
+    a batch of rows at a time (a file is never read whole), the replaced files deleted and the older
+    snapshots expired at once (``iceberg_maintain.erase_files``)."""
 
     kind = "iceberg"
+
+    def __init__(self, path: str, batch_rows: int = pqlake.ROW_GROUP_ROWS) -> None:
+        super().__init__(path)
+        self.batch_rows = batch_rows  # rows read and written at a time
 
     def plan(self, where: str, params: Sequence[Any], also: Sequence[tuple[str, str]], result: EraseResult) -> Plan:
         import pyarrow.dataset as ds
@@ -267,7 +281,8 @@ class IcebergCopy(Copy):
     def apply(self, p: Plan, record: pa.Table) -> dict[str, Any]:
         from otel_agenttape.store.lake.iceberg_maintain import erase_files
 
-        return erase_files(self.datasets, lambda table, t: _replace_attributes(t, table, p), record)
+        return erase_files(self.datasets, lambda table, t: _replace_attributes(t, table, p), record,
+                           touches=lambda table, keys: _touches(keys, table, p), batch_rows=self.batch_rows)
 
 
 # --- OTLP request logs (WAL, outbox) ---------------------------------------------------------------

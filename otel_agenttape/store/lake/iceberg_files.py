@@ -93,11 +93,18 @@ def write_data_file(tbl: Any, fs: LakeFS, key: str, table: str, t: pa.Table, par
                     level: int = pqlake.ZSTD_LEVEL_STREAM) -> tuple[Any, str]:
     """Write ``t`` (store rows) as one Parquet file ``key`` under the table location, whole or not at all;
     returns its Iceberg ``DataFile`` and sha256."""
-    t = conform(table, t)
+    return write_data_file_parts(tbl, fs, key, table, [t], partition, level)
+
+
+def write_data_file_parts(tbl: Any, fs: LakeFS, key: str, table: str, parts: Iterable[pa.Table],
+                          partition: tuple[Any, ...] | None, level: int = pqlake.ZSTD_LEVEL_STREAM) -> tuple[Any, str]:
+    """``write_data_file`` from rows that come in parts (each written as it comes, then dropped: an erasure
+    rewrites a data file a batch at a time); whole or not at all."""
     sch = arrow_schema(table)
     with fs.staged(key) as tmp:
         with pq.ParquetWriter(tmp, sch, **pqlake.writer_options(sch.names, level)) as w:
-            w.write_table(t, row_group_size=pqlake.ROW_GROUP_ROWS)
+            for t in parts:
+                w.write_table(conform(table, t), row_group_size=pqlake.ROW_GROUP_ROWS)
         md = pq.read_metadata(tmp)
         size, digest = size_and_hash(tmp)
     return data_file(tbl, fs.path(key) if fs.local else f"s3://{fs.path(key)}", md, size, partition), digest

@@ -413,11 +413,18 @@ def erase_datasets(url: str) -> dict[str, tuple[Any, Any, list[Any]]]:
 
 
 def erase_files(datasets: dict[str, tuple[Any, Any, list[Any]]], rewrite: Any, record: pa.Table | None,
-                level: int = pqlake.ZSTD_LEVEL_EXPORT) -> dict[str, Any]:
+                level: int = pqlake.ZSTD_LEVEL_EXPORT, touches: Any = None,
+                batch_rows: int = pqlake.ROW_GROUP_ROWS) -> dict[str, Any]:
     """An erasure in an Iceberg lake: each live file ``rewrite(table, rows)`` changes (it returns the new rows,
     or None) is written again as a new file, and the record's rows are added, in one overwrite snapshot per
     table (``agenttape.operation = erase``); then the replaced files are deleted and the older snapshots
-    expired at once (no grace period: an erasure cannot wait for readers)."""
+    expired at once (no grace period: an erasure cannot wait for readers).
+
+    A file is read and written ``batch_rows`` rows at a time (a table is never held whole, nor a file;
+    what is held is bounded by a data page, ``parquet.DATA_PAGE_BYTES``, read and written, per column):
+    ``touches(table, keys)`` says from a file's key columns alone whether it holds an erased row, so the
+    files it does not are not read further; without it each file is streamed through ``rewrite`` and
+    its new copy kept only if a batch changed."""
     from otel_agenttape.store.lake.iceberg_read import object_key
 
     out: dict[str, Any] = {"files_rewritten": 0, "files_deleted": 0, "expired_snapshots": 0}
@@ -426,14 +433,32 @@ def erase_files(datasets: dict[str, tuple[Any, Any, list[Any]]], rewrite: Any, r
         adds: list[Any] = []
         removes: list[Any] = []
         hashes: dict[str, str] = {}
+        key_cols = ["trace_id", "span_id"] + (["event_index"] if table == "span_events" else [])
         for f in files:
-            with fs.fs.open_input_file(object_key(fs, f.file_path)) as fh:
-                t = rewrite(table, pq.read_table(fh))
-            if t is None:
-                continue
+            path = object_key(fs, f.file_path)
+            if touches is not None:
+                with fs.fs.open_input_file(path) as fh:
+                    if not touches(table, pq.read_table(fh, columns=key_cols)):
+                        continue
             part = tuple(f.partition) or None
             key = ifl.file_key(part, f"erased-{stamp}-{len(adds):04d}.parquet")
-            df, digest = ifl.write_data_file(tbl, fs, key, table, t, part, level)
+            changed = [False]
+
+            def parts(path: str = path, changed: list[bool] = changed) -> Any:
+                with fs.fs.open_input_file(path) as fh:
+                    # page by page (buffered, not pre-buffered): a row group is not read whole either
+                    pf = pq.ParquetFile(fh, pre_buffer=False, buffer_size=1 << 20)
+                    for batch in pf.iter_batches(batch_size=batch_rows, use_threads=False):
+                        rows = pa.Table.from_batches([batch])
+                        new = rewrite(table, rows)
+                        if new is not None:
+                            changed[0] = True
+                        yield rows if new is None else new
+
+            df, digest = ifl.write_data_file_parts(tbl, fs, key, table, parts(), part, level)
+            if not changed[0]:
+                fs.delete(key)  # streamed through for nothing (no ``touches``): the old file stays
+                continue
             adds.append(df)
             hashes[key] = digest
             removes.append(f)
