@@ -120,8 +120,8 @@ class ConvertPool:
 
     def drop_kept_files(self) -> int:
         """Remove the hand-off files kept for reuse (an erasure: they hold earlier request bodies and
-        rows, and a file is overwritten from its start, never shrunk), and each file in use now once it
-        is given back, unless it was written again since. Returns how many were removed now."""
+        rows), and each file in use now once it is given back, unless it was written again since (a
+        write cuts a file to its new content). Returns how many were removed now."""
         import gc
         import time
 

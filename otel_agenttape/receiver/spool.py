@@ -10,8 +10,9 @@ Files are written again rather than made anew: a new file in shared memory costs
 (zeroed) per 4 KB on the writing side and freeing it on the other, about 1.2 us per 4 KB against 0.3
 for overwriting pages already there. The main process keeps the files it is done with (``Recycler``):
 a body file once the worker has answered, a rows file once nothing maps it any more, and hands one
-of each with every request. A file is overwritten from its start and never shrunk: the reader is told
-how many bytes (body) or where the streams are (rows), and ignores what follows.
+of each with every request. A file is overwritten from its start and cut to what was written, so it
+never holds the tail of an earlier request (an erasure relies on it); the reader is told how many
+bytes (body) or where the streams are (rows).
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def _unlink(path: str) -> None:
 
 
 def _open_for_write(folder: str, reuse: str | None) -> tuple[int, str]:
-    """A file to write from its start: ``reuse`` (kept as it is, not truncated) or a new one."""
+    """A file to write from its start: ``reuse`` or a new one (``_write_all`` cuts a reused file to what
+    it writes, so no file holds the tail of an earlier, longer body)."""
     if reuse is not None:
         try:
             return os.open(reuse, os.O_WRONLY), reuse
@@ -148,6 +150,8 @@ def _write_all(fd: int, data: Any) -> None:
     offset = 0
     while offset < len(view):
         offset += os.pwrite(fd, view[offset:], offset)
+    if os.fstat(fd).st_size > offset:
+        os.ftruncate(fd, offset)  # a reused file: its old tail would keep an earlier request's content
 
 
 def put_body(folder: str, body: bytes, reuse: str | None = None) -> str:

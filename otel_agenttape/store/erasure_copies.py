@@ -70,7 +70,10 @@ class Copy:
 
 
 def _touches(t: pa.Table, table: str, p: Plan) -> bool:
-    """Whether rows of ``spans`` or ``span_events`` (their key columns are enough) hold a planned change."""
+    """Whether rows of ``spans``, ``span_events`` or ``log_records`` (their key columns are enough) hold a
+    planned change."""
+    if table == "log_records":
+        return bool(p.logs) and any(lid in p.logs for lid in t.column("log_id").to_pylist())
     tids = t.column("trace_id").to_pylist()
     sids = t.column("span_id").to_pylist()
     if table == "spans":

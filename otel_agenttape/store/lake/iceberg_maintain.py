@@ -433,7 +433,8 @@ def erase_files(datasets: dict[str, tuple[Any, Any, list[Any]]], rewrite: Any, r
         adds: list[Any] = []
         removes: list[Any] = []
         hashes: dict[str, str] = {}
-        key_cols = ["trace_id", "span_id"] + (["event_index"] if table == "span_events" else [])
+        key_cols = {"span_events": ["trace_id", "span_id", "event_index"], "log_records": ["log_id"]}.get(
+            table, ["trace_id", "span_id"])
         for f in files:
             path = object_key(fs, f.file_path)
             if touches is not None:
