@@ -2,7 +2,9 @@
 time, so their commits conflict and are retried; one of them is killed with SIGKILL while it publishes a
 batch and restarted on its DuckDB file. Every span a receiver acknowledged is in the tables exactly once,
 for our reader and for pyiceberg's own scan, every batch is one snapshot, and no file the kill left stays.
-Once with a SQLite catalog on a folder, once with PostgreSQL and an S3 bucket on 127.0.0.1 (moto)."""
+With a SQLite catalog on a folder, with PostgreSQL and an S3 bucket on 127.0.0.1 (moto), and with an Iceberg
+REST catalog server on 127.0.0.1 over a folder (the receivers commit through its HTTP API; a conflict is its
+409 CommitFailedException)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from iceberg_support import KINDS, drop_lake, lake_url  # noqa: E402
+from iceberg_support import KINDS, drop_lake, lake_url, rest_catalog  # noqa: E402, F401
 from receiver_util import PB, trace_request  # noqa: E402
 from test_lake_receivers import Receiver, _make_bucket, _s3_env, moto_endpoint  # noqa: E402, F401
 
@@ -62,17 +64,18 @@ def where(request: Any, tmp_path: Any, monkeypatch: Any) -> Any:
         for k, v in _s3_env(endpoint).items():
             monkeypatch.setenv(k, v)  # this process reads the lake too
         env.update(_s3_env(endpoint))
-    url = lake_url(request.param, tmp_path, endpoint, bucket if endpoint else "ice")
+    rest = request.getfixturevalue("rest_catalog") if request.param == "rest-folder" else None
+    url = lake_url(request.param, tmp_path, endpoint, bucket if endpoint else "ice", rest.address if rest else None)
     if endpoint:
         _make_bucket(endpoint, bucket)
-    yield url, env
+    # the folder the receivers' files are watched in: a local warehouse under tmp_path, or the REST server's
+    yield url, env, (os.path.join(rest.folder, "warehouse") if rest else str(tmp_path))
     if endpoint:
         drop_lake(url)
 
 
 def test_three_receivers_one_killed_mid_publish(where: Any, tmp_path: Any) -> None:
-    url, env = where
-    watch = str(tmp_path)  # the local warehouse, or the receivers' staging folders
+    url, env, watch = where  # the local warehouse, or the receivers' staging folders
     recs = {r: Receiver(str(tmp_path / f"{r}.duckdb"), url, r, env, interval=0.05, max_spans=SPANS * 2).start()
             for r in ("r0", "r1", "r2")}
     acked: dict[str, list[str]] = {r: [] for r in recs}
