@@ -26,7 +26,8 @@ from test_lake_receivers import Receiver, _make_bucket, _s3_env, moto_endpoint  
 pytest.importorskip("pyiceberg")
 
 from otel_agenttape.store.lake.iceberg_catalog import load  # noqa: E402
-from otel_agenttape.store.lake.iceberg_files import location_fs  # noqa: E402
+from otel_agenttape.semconv import RUN_ID  # noqa: E402
+from otel_agenttape.store.lake.iceberg_files import RUNS, location_fs, summary_props  # noqa: E402
 from otel_agenttape.store.reader import open_reader  # noqa: E402
 
 REQUESTS = 5
@@ -44,7 +45,11 @@ def _files(folder: str, receiver: str) -> set[str]:
 
 def _feed(rec: Receiver, client: httpx.Client, acked: list[str], start: int, n: int = REQUESTS) -> None:
     for i in range(n):
-        req = trace_request(SPANS, attrs={"payload": "x" * 100, "i": start + i})
+        # every other request continues one of four runs (one trace each) that every receiver gets spans of:
+        # the run index's count of runs must count each once across receivers and batches
+        trace = bytes([1 + (start + i) % 4]) * 16 if i % 2 == 0 else os.urandom(16)
+        req = trace_request(SPANS, trace_id=trace, attrs={"payload": "x" * 100, "i": start + i,
+                                                           RUN_ID: f"run-{trace.hex()[:12]}"})
         ids = [s.span_id.hex() for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
         try:
             ok = client.post(f"{rec.url}/v1/traces", content=req.SerializeToString(), headers=PB).status_code == 200
@@ -114,6 +119,11 @@ def test_three_receivers_one_killed_mid_publish(where: Any, tmp_path: Any) -> No
     cat, parsed = load(url)
     spans = cat.load_table(f"{parsed.namespace}.spans")
     assert Counter(spans.scan(selected_fields=("span_id",)).to_arrow().column("span_id").to_pylist()) == want
+    index = cat.load_table(f"{parsed.namespace}.run_traces")
+    keys = index.scan(selected_fields=("run_hash", "trace_hash")).to_arrow()
+    runs = set(zip(keys.column("run_hash").to_pylist(), keys.column("trace_hash").to_pylist()))
+    # the count the last commit recorded, counted while the others committed (a conflict recounts)
+    assert int(summary_props(index.current_snapshot())[RUNS]) == len(runs) > 4
     batches = [s.summary.additional_properties.get("agenttape.batch") for s in spans.metadata.snapshots]
     assert len(batches) == len(set(batches)), "a batch was committed twice"
     assert {b.split("/")[0] for b in batches} == {"r0", "r1", "r2"}
