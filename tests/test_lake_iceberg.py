@@ -1,5 +1,6 @@
-"""The lake as Apache Iceberg tables, once with a SQLite catalog on a local folder and once with a PostgreSQL
-catalog whose warehouse is an S3 bucket on 127.0.0.1 (moto in server mode): two receivers' stores publish
+"""The lake as Apache Iceberg tables, with a SQLite catalog on a local folder, with a PostgreSQL catalog whose
+warehouse is an S3 bucket on 127.0.0.1 (moto in server mode), and with an Iceberg REST catalog server on
+127.0.0.1 over a folder: two receivers' stores publish
 through the catalog, our reader and pyiceberg's own scan read the same spans exactly once, a restart
 publishes nothing twice, and a data file edited or removed outside a snapshot is caught."""
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from iceberg_support import KINDS, drop_lake, lake_url, s3_object  # noqa: E402
+from iceberg_support import KINDS, drop_lake, lake_url, rest_catalog, s3_object  # noqa: E402, F401
 from receiver_util import trace_request  # noqa: E402
 from test_lake_receivers import _make_bucket, _s3_env, moto_endpoint  # noqa: E402, F401
 
@@ -34,7 +35,8 @@ def lake(request: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
         endpoint = request.getfixturevalue("moto_endpoint")
         saved = {k: os.environ.get(k) for k in _s3_env(endpoint)}
         os.environ.update(_s3_env(endpoint))  # the publisher and the readers in this process
-    url = lake_url(request.param, tmp, endpoint)
+    rest = request.getfixturevalue("rest_catalog").address if request.param == "rest-folder" else None
+    url = lake_url(request.param, tmp, endpoint, rest=rest)
     if endpoint:
         _make_bucket(endpoint, "ice")
     expected: set[str] = set()

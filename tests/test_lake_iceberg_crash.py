@@ -2,7 +2,9 @@
 time, so their commits conflict and are retried; one of them is killed with SIGKILL while it publishes a
 batch and restarted on its DuckDB file. Every span a receiver acknowledged is in the tables exactly once,
 for our reader and for pyiceberg's own scan, every batch is one snapshot, and no file the kill left stays.
-Once with a SQLite catalog on a folder, once with PostgreSQL and an S3 bucket on 127.0.0.1 (moto)."""
+With a SQLite catalog on a folder, with PostgreSQL and an S3 bucket on 127.0.0.1 (moto), and with an Iceberg
+REST catalog server on 127.0.0.1 over a folder (the receivers commit through its HTTP API; a conflict is its
+409 CommitFailedException)."""
 
 from __future__ import annotations
 
@@ -17,14 +19,15 @@ import httpx
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from iceberg_support import KINDS, drop_lake, lake_url  # noqa: E402
+from iceberg_support import KINDS, drop_lake, lake_url, rest_catalog  # noqa: E402, F401
 from receiver_util import PB, trace_request  # noqa: E402
 from test_lake_receivers import Receiver, _make_bucket, _s3_env, moto_endpoint  # noqa: E402, F401
 
 pytest.importorskip("pyiceberg")
 
 from otel_agenttape.store.lake.iceberg_catalog import load  # noqa: E402
-from otel_agenttape.store.lake.iceberg_files import location_fs  # noqa: E402
+from otel_agenttape.semconv import RUN_ID  # noqa: E402
+from otel_agenttape.store.lake.iceberg_files import RUNS, location_fs, summary_props  # noqa: E402
 from otel_agenttape.store.reader import open_reader  # noqa: E402
 
 REQUESTS = 5
@@ -42,7 +45,11 @@ def _files(folder: str, receiver: str) -> set[str]:
 
 def _feed(rec: Receiver, client: httpx.Client, acked: list[str], start: int, n: int = REQUESTS) -> None:
     for i in range(n):
-        req = trace_request(SPANS, attrs={"payload": "x" * 100, "i": start + i})
+        # every other request continues one of four runs (one trace each) that every receiver gets spans of:
+        # the run index's count of runs must count each once across receivers and batches
+        trace = bytes([1 + (start + i) % 4]) * 16 if i % 2 == 0 else os.urandom(16)
+        req = trace_request(SPANS, trace_id=trace, attrs={"payload": "x" * 100, "i": start + i,
+                                                           RUN_ID: f"run-{trace.hex()[:12]}"})
         ids = [s.span_id.hex() for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
         try:
             ok = client.post(f"{rec.url}/v1/traces", content=req.SerializeToString(), headers=PB).status_code == 200
@@ -62,17 +69,18 @@ def where(request: Any, tmp_path: Any, monkeypatch: Any) -> Any:
         for k, v in _s3_env(endpoint).items():
             monkeypatch.setenv(k, v)  # this process reads the lake too
         env.update(_s3_env(endpoint))
-    url = lake_url(request.param, tmp_path, endpoint, bucket if endpoint else "ice")
+    rest = request.getfixturevalue("rest_catalog") if request.param == "rest-folder" else None
+    url = lake_url(request.param, tmp_path, endpoint, bucket if endpoint else "ice", rest.address if rest else None)
     if endpoint:
         _make_bucket(endpoint, bucket)
-    yield url, env
+    # the folder the receivers' files are watched in: a local warehouse under tmp_path, or the REST server's
+    yield url, env, (os.path.join(rest.folder, "warehouse") if rest else str(tmp_path))
     if endpoint:
         drop_lake(url)
 
 
 def test_three_receivers_one_killed_mid_publish(where: Any, tmp_path: Any) -> None:
-    url, env = where
-    watch = str(tmp_path)  # the local warehouse, or the receivers' staging folders
+    url, env, watch = where  # the local warehouse, or the receivers' staging folders
     recs = {r: Receiver(str(tmp_path / f"{r}.duckdb"), url, r, env, interval=0.05, max_spans=SPANS * 2).start()
             for r in ("r0", "r1", "r2")}
     acked: dict[str, list[str]] = {r: [] for r in recs}
@@ -111,6 +119,11 @@ def test_three_receivers_one_killed_mid_publish(where: Any, tmp_path: Any) -> No
     cat, parsed = load(url)
     spans = cat.load_table(f"{parsed.namespace}.spans")
     assert Counter(spans.scan(selected_fields=("span_id",)).to_arrow().column("span_id").to_pylist()) == want
+    index = cat.load_table(f"{parsed.namespace}.run_traces")
+    keys = index.scan(selected_fields=("run_hash", "trace_hash")).to_arrow()
+    runs = set(zip(keys.column("run_hash").to_pylist(), keys.column("trace_hash").to_pylist()))
+    # the count the last commit recorded, counted while the others committed (a conflict recounts)
+    assert int(summary_props(index.current_snapshot())[RUNS]) == len(runs) > 4
     batches = [s.summary.additional_properties.get("agenttape.batch") for s in spans.metadata.snapshots]
     assert len(batches) == len(set(batches)), "a batch was committed twice"
     assert {b.split("/")[0] for b in batches} == {"r0", "r1", "r2"}

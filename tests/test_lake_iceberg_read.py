@@ -158,5 +158,5 @@ def test_the_first_runs_page_reads_only_the_newest_files(lake: dict[str, Any]) -
     assert len(every) > 1 and newest in every
     for names in spans_read:  # the page's ids, summaries and calls: the newest batch's span files only
         assert set(names) == {newest}, (names, sorted(every))
-    # the run index is read whole (one row per run, trace and batch); the older span files only for a later page
+    # the older span files only for a later page
     assert any(set(names) - {newest} for table, names in read[opened + len(first):] if table == "spans")

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from otel_agenttape.store import parquet as pqlake
 from otel_agenttape.store.lake.files import size_and_hash
+from otel_agenttape.store.lake.files import RUN_TRACES
 from otel_agenttape.store.lake.fs import LakeError, LakeFS, lake_fs
 from otel_agenttape.store.lake.iceberg_catalog import TRACE_BUCKETS, arrow_schema, conform
 
@@ -31,6 +32,8 @@ BATCH = "agenttape.batch"
 HASHES = "agenttape.sha256"
 COVERS = "agenttape.covers"
 KIND = "agenttape.operation"
+# on a run index snapshot: how many runs (distinct keys of run and trace) the table holds after it
+RUNS = "agenttape.runs"
 EPOCH = dt.date(1970, 1, 1)
 COMMIT_ATTEMPTS = 60
 
@@ -216,11 +219,46 @@ def commit(tbl: Any, work: Callable[[Any], None], already: Callable[[Any], bool]
     raise LakeError(f"commit into {tbl.name()} kept conflicting with other writers ({COMMIT_ATTEMPTS} attempts)")
 
 
-def append_files(tbl: Any, files: list[Any], props: dict[str, str], receiver: str, seq: int) -> bool:
-    """Append these data files as one snapshot carrying ``props``, unless batch (receiver, seq) is there."""
+def append_files(tbl: Any, files: list[Any], props: dict[str, str], receiver: str, seq: int,
+                 more: Callable[[Any], dict[str, str]] | None = None) -> bool:
+    """Append these data files as one snapshot carrying ``props`` (and ``more(tbl)``, computed on each
+    attempt from the table as it is then), unless batch (receiver, seq) is there."""
     def work(tx: Any) -> None:
-        with tx.update_snapshot(snapshot_properties=props).fast_append() as fa:
+        summary = {**props, **(more(tbl) if more is not None else {})}
+        with tx.update_snapshot(snapshot_properties=summary).fast_append() as fa:
             for f in files:
                 fa.append_data_file(f)
 
     return commit(tbl, work, lambda t: batch_committed(t, receiver, seq))
+
+
+def index_keys(tbl: Any) -> pa.Table:
+    """The keys (``run_hash``, ``trace_hash``) of every row of the run index's current snapshot that has
+    them: two fixed-width columns of its live files."""
+    import pyarrow.dataset as ds
+
+    snap = tbl.current_snapshot()
+    schema = index_keys_schema()
+    if snap is None:
+        return schema.empty_table()
+    paths = [task.file.file_path for task in tbl.scan(snapshot_id=snap.snapshot_id).plan_files()]
+    if not paths:
+        return schema.empty_table()
+    fs, _ = location_fs(tbl.location())
+    keys = [p[len("file://"):] if p.startswith("file://") else p[len("s3://"):] if p.startswith("s3://") else p
+            for p in paths]
+    dataset = ds.dataset(keys, filesystem=fs.fs, format="parquet", schema=arrow_schema(RUN_TRACES))
+    return dataset.to_table(columns=["run_hash", "trace_hash"], filter=pc.field("run_hash").is_valid())
+
+
+def run_count(tbl: Any, added: pa.Table) -> dict[str, str]:
+    """``RUNS`` for a snapshot that adds these index rows on top of the table's current one: the distinct
+    keys of both, counted (the commit is accepted only on that snapshot, so the count is exact for it)."""
+    new = conform(RUN_TRACES, added).select(["run_hash", "trace_hash"]).filter(pc.field("run_hash").is_valid())
+    both = pa.concat_tables([index_keys(tbl).cast(index_keys_schema()), new.cast(index_keys_schema())])
+    return {RUNS: str(both.group_by(["run_hash", "trace_hash"]).aggregate([]).num_rows)}
+
+
+def index_keys_schema() -> pa.Schema:
+    sch = arrow_schema(RUN_TRACES)
+    return pa.schema([sch.field("run_hash"), sch.field("trace_hash")])

@@ -249,8 +249,14 @@ def compact(url: str, target_bytes: int = DEFAULT_TARGET_BYTES, grace_seconds: f
             props = {ifl.KIND: "compact", ifl.HASHES: _json(hashes), ifl.COVERS: _json(ifl.coverage(tbl)),
                      REMOVED: _json(sorted(f.file_path for f in removes))}
 
-            def work(tx: Any, adds: list[Any] = adds, removes: list[Any] = removes, props: dict[str, str] = props) -> None:
-                with tx.update_snapshot(snapshot_properties=props).overwrite() as ow:
+            def work(tx: Any, adds: list[Any] = adds, removes: list[Any] = removes, props: dict[str, str] = props,
+                     tbl: Any = tbl) -> None:
+                summary = dict(props)
+                # the same rows, so the same runs: the count the snapshot replaced recorded stays true
+                cur = tbl.current_snapshot()
+                if (runs := ifl.summary_props(cur).get(ifl.RUNS) if cur is not None else None) is not None:
+                    summary[ifl.RUNS] = runs
+                with tx.update_snapshot(snapshot_properties=summary).overwrite() as ow:
                     for f in removes:
                         ow.delete_data_file(f)
                     for f in adds:

@@ -164,11 +164,13 @@ class IcebergPublisher(LakePublisher):
             tbl = self.tables[table]
             if ifl.batch_committed(tbl, batch.receiver, batch.seq):
                 continue
-            files, hashes = self._write(table, tbl, batch, name)
+            files, hashes, rows = self._write(table, tbl, batch, name)
             if not files:
                 continue
             props = {**summary_base, ifl.HASHES: json.dumps(hashes, sort_keys=True, separators=(",", ":"))}
-            if ifl.append_files(tbl, files, props, batch.receiver, batch.seq):
+            # the run index's snapshot records how many runs the table then holds: the first runs page's count
+            more = (lambda t, rows=rows: ifl.run_count(t, rows)) if table == RUN_TRACES else None
+            if ifl.append_files(tbl, files, props, batch.receiver, batch.seq, more):
                 self.published_files += len(files)
         self._con.execute("UPDATE lake_publications SET state = 'published', published_unix_nano = ? "
                           "WHERE lake = ? AND receiver = ? AND seq = ?",
@@ -191,11 +193,11 @@ class IcebergPublisher(LakePublisher):
         return self._con.sql(f"SELECT * FROM {table} WHERE rowid >= ? AND rowid < ? ORDER BY {order}",
                              params=[lo, hi]).to_arrow_table()
 
-    def _write(self, table: str, tbl: Any, batch: Batch, name: str) -> tuple[list[Any], dict[str, str]]:
+    def _write(self, table: str, tbl: Any, batch: Batch, name: str) -> tuple[list[Any], dict[str, str], Any]:
         with self._lock:
             t = self._query(table, batch)
         if t is None or t.num_rows == 0:
-            return [], {}
+            return [], {}, None
         fs, _ = self._fs[table]
         files: list[Any] = []
         hashes: dict[str, str] = {}
@@ -204,7 +206,7 @@ class IcebergPublisher(LakePublisher):
             df, digest = ifl.write_data_file(tbl, fs, key, table, rows, part, self.level)
             files.append(df)
             hashes[key] = digest
-        return files, hashes
+        return files, hashes, t
 
     def gauges(self) -> dict[str, tuple[str, int]]:
         return super().gauges()

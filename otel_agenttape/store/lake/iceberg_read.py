@@ -151,18 +151,62 @@ class IcebergLake:
 
     def _file_sql(self, con: duckdb.DuckDBPyConnection, table: str, files: list[Any], name: str,
                   registry: dict[str, Any]) -> str:
+        return select_sql(table, self._raw_from(con, table, files, name, registry))
+
+    def _raw_from(self, con: duckdb.DuckDBPyConnection, table: str, files: list[Any], name: str,
+                  registry: dict[str, Any]) -> str:
+        """What reads these files with their Iceberg columns as stored (``long`` hashes not cast back)."""
         paths = [f.file_path for f in files]
         if all(p.startswith("file://") or p.startswith("/") for p in paths):
             local = [p[len("file://"):] if p.startswith("file://") else p for p in paths]
-            src = "read_parquet([" + ", ".join(_q(p) for p in local) + "], union_by_name = true)"
-        else:
+            return "read_parquet([" + ", ".join(_q(p) for p in local) + "], union_by_name = true)"
+        if name not in registry:
             fs, _ = ifl.location_fs(self.tables[table].location())
             dataset = ds.dataset([object_key(fs, p) for p in paths], filesystem=fs.fs, format="parquet",
                                  schema=ic.arrow_schema(table))
             con.register(name, dataset)
             registry[name] = dataset
-            src = name
-        return select_sql(table, src)
+        return name
+
+    def raw_index(self, con: duckdb.DuckDBPyConnection, registry: dict[str, Any]) -> tuple[str, int | None] | None:
+        """The run index's files as stored (its 64-bit keys the signed ``long`` Iceberg keeps, so a filter on
+        them is pushed into the scan instead of into a cast of every row) and the retention floor its rows
+        are read above (``last_start_unix_nano``), or None without index files."""
+        files = [f for f in self.files.get(RUN_TRACES, []) if f.file_path in self.present.get(RUN_TRACES, ())]
+        if not files:
+            return None
+        return self._raw_from(con, RUN_TRACES, files, f"_ice{self._n}_{RUN_TRACES}", registry), self.retained_before_ns()
+
+    def recorded_runs(self) -> int | None:
+        """How many runs (keys of run and trace) the run index read holds, as the snapshot that made it
+        recorded (``iceberg_files.RUNS``, counted at its commit): None when it did not record one (another
+        engine's commit, a migration), a listed index file is missing, or retention filters the index."""
+        snap_id = self.snapshots.get(RUN_TRACES)
+        tbl = self.tables.get(RUN_TRACES)
+        if tbl is None or snap_id is None or self.retained_before_ns() is not None:
+            return None
+        if len(self.present.get(RUN_TRACES, ())) != len(self.files.get(RUN_TRACES, [])):
+            return None
+        snap = tbl.snapshot_by_id(snap_id)
+        value = ifl.summary_props(snap).get(ifl.RUNS) if snap is not None else None
+        return int(value) if value is not None else None
+
+    def time_bounds(self, table: str) -> tuple[int, int] | None:
+        """The earliest and latest time (``TIME_COLUMNS``) of the table's live files read, by their
+        statistics (lower and upper bounds) alone; None when a file does not say."""
+        col = TIME_COLUMNS.get(table)
+        files = [f for f in self.files.get(table, []) if f.file_path in self.present.get(table, ())]
+        if col is None or not files:
+            return None
+        fid = self.tables[table].schema().find_field(col).field_id
+        lows, highs = [], []
+        for f in files:
+            lo, hi = (f.lower_bounds or {}).get(fid), (f.upper_bounds or {}).get(fid)
+            if lo is None or hi is None:
+                return None
+            lows.append(int.from_bytes(lo, "little", signed=True))
+            highs.append(int.from_bytes(hi, "little", signed=True))
+        return min(lows), max(highs)
 
     def _there(self, table: str, files: list[Any]) -> list[Any]:
         """The listed files that exist: one that is gone is read around, so the reader opens and verify

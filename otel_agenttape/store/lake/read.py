@@ -298,6 +298,11 @@ def open_sources(sources: Sequence[str | os.PathLike[str]]) -> Any:
         reader.scoped_source = ScopedSources(reader, icebergs, plain)  # type: ignore[attr-defined]
         if not plain[RUN_TRACES]:  # the run index is Iceberg's alone: its statistics say whether it is keyed
             reader.run_index_keyed = lambda: all(i.run_index_keyed() for i in icebergs)  # type: ignore[attr-defined]
+        if len(icebergs) == 1 and not any(plain.values()):  # one Iceberg lake alone: its own count and bounds
+            ice = icebergs[0]
+            reader.run_index_raw = lambda: ice.raw_index(con, registry)  # type: ignore[attr-defined]
+            reader.run_index_recorded = ice.recorded_runs  # type: ignore[attr-defined]
+            reader.span_time_bounds = lambda: ice.time_bounds("spans")  # type: ignore[attr-defined]
     # the views read the files listed when the reader was opened, and a lake file is never rewritten (a
     # DuckDB file is attached read-only): what the reader answers cannot change while it is open, so the
     # read model keeps a runs page's keys under this version (tape/read/kept.store_version)

@@ -69,11 +69,16 @@ def first_page(reader: Reader, limit: int) -> tuple[list[dict[str, Any]], int] |
 
     The runs that start no earlier than the ``limit + 1``-th newest (ties included) are read by key,
     then their ids, and ordered by start and ref exactly as every other page is. Two runs with one key (a
-    collision of both hashes) would show as one id per key too many: then the spans are read instead."""
+    collision of both hashes) would show as one id per key too many: then the spans are read instead.
+    Over one Iceberg lake the newest runs are found from the newest spans instead (``_newest_by_time``)."""
     found = _index(reader)
     if found is None:
         return None
     want = limit + 1
+    if found[1]:
+        by_time = _newest_by_time(reader, want)
+        if by_time is not None:
+            return by_time
     top, total = _newest(reader, found[0], want)
     if not top:
         return [], total
@@ -118,3 +123,83 @@ def _newest(reader: Reader, index: str, want: int) -> tuple[list[dict[str, Any]]
         return [r for r in top if r["start_time_unix_nano"] >= edge], total
     return _rows(reader, f"SELECT * FROM ({_BY_KEY.format(index=index)}) g WHERE start_time_unix_nano >= ?",
                  [edge]), total
+
+
+# how many times the window of newest spans is widened (by WIDEN each time) before the whole index is grouped
+WIDENINGS = 10
+WIDEN = 4
+_SIGN = 1 << 64
+
+
+def _signed(h: int) -> int:
+    """A 64-bit key as the signed ``long`` an Iceberg run index keeps it as (the same bits)."""
+    return h - _SIGN if h >= 1 << 63 else h
+
+
+def _newest_by_time(reader: Reader, want: int) -> tuple[list[dict[str, Any]], int] | None:
+    """The first page's keys over one Iceberg lake without grouping its whole run index (a row per run,
+    trace and batch: linear in the runs), or None to group it.
+
+    The count of all runs is the one the index's snapshot recorded when it was committed
+    (``iceberg_read.IcebergLake.recorded_runs``), else a count of its distinct keys. The newest runs are
+    among those with a span in the newest window of time ``[t, newest]``: a run without one has every span,
+    its run span too, before ``t``, so it starts before ``t``. Those runs' keys and ids come from the
+    spans of the window (the newest files alone), their starts and span bounds from the index rows of
+    their keys (a filter on one fixed-width column); when at least ``want`` of them start at ``t`` or
+    later, no other run can be on the page or tie with its last run. Else the window is widened."""
+    raw = getattr(reader, "run_index_raw", None)
+    bounds = getattr(reader, "span_time_bounds", None)
+    if raw is None or bounds is None:
+        return None
+    index, span_range = raw(), bounds()
+    if index is None or span_range is None:
+        return None
+    src, floor = index
+    above = f" AND last_start_unix_nano >= {int(floor)}" if floor is not None else ""
+    total = reader.run_index_recorded()
+    if total is None:
+        total = int(_rows(reader, f"SELECT count(*) AS n FROM (SELECT DISTINCT run_hash, trace_hash FROM {src} "
+                                  f"WHERE run_hash IS NOT NULL{above})", [])[0]["n"])
+    if not total:
+        return [], 0
+    lo, hi = span_range
+    width = max(1, (hi - lo) * want // total)  # a page of runs at the lake's mean rate
+    for _ in range(WIDENINGS):
+        t = hi - width
+        named: dict[tuple[int, int], tuple[str, str]] = {}
+        for r in _rows(reader, (
+                f"SELECT DISTINCT {RUN_KEY_SQL}, run_id, trace_id FROM {_source(reader, 'spans', None, [], (t, None))} "
+                "WHERE start_time_unix_nano >= ? AND run_id IS NOT NULL"), [t]):
+            key = (int(r["run_hash"]), int(r["trace_hash"]))
+            if key in named and named[key] != (r["run_id"], r["trace_id"]):
+                return None  # two runs with one key: the spans are read instead
+            named[key] = (r["run_id"], r["trace_id"])
+        every = t <= lo  # the window holds every span: every run is in it
+        if len(named) >= want or every:
+            ranked = _starts(reader, src, above, named)
+            if every or (len(ranked) >= want and ranked[want - 1]["start_time_unix_nano"] >= t):
+                return ranked[:want], total  # a run tied with the last one starts at t or later: it is here
+        width *= WIDEN
+    return None
+
+
+def _starts(reader: Reader, src: str, above: str, named: dict[tuple[int, int], tuple[str, str]]) -> list[dict[str, Any]]:
+    """The keys of these runs from every index row of them (start, span bounds), newest first as a page
+    orders them (start, then ref); a run the index does not hold yet is left out, as from the index."""
+    if not named:
+        return []
+    runs = ", ".join(str(_signed(h)) for h in sorted({k[0] for k in named}))
+    keys = []
+    for r in _rows(reader, (
+            "SELECT run_hash, trace_hash, coalesce(min(run_start_unix_nano), min(start_time_unix_nano)) "
+            "AS start_time_unix_nano, min(start_time_unix_nano) AS span_lo, max(last_start_unix_nano) AS span_hi "
+            f"FROM {src} WHERE run_hash IN ({runs}){above} GROUP BY run_hash, trace_hash"), []):
+        ids = named.get((int(r["run_hash"]) % _SIGN, int(r["trace_hash"]) % _SIGN))
+        if ids is None:  # another run of the same run hash, in another trace
+            continue
+        run_id, trace_id = ids
+        keys.append({"ref": f"{run_id}@{trace_id}", "run_id": run_id, "trace_id": trace_id, "ours": True,
+                     "start_time_unix_nano": r["start_time_unix_nano"], "span_lo": r["span_lo"],
+                     "span_hi": r["span_hi"]})
+    keys.sort(key=lambda k: (k["start_time_unix_nano"], k["ref"]), reverse=True)
+    return keys
