@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace as trace_api
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.sdk._logs import LogRecordProcessor
 
 from otel_agenttape import semconv
@@ -72,9 +73,6 @@ class LogLeaves:
     def count_unsealed(self) -> None:
         with self._lock:
             self.unsealed += 1
-
-    def pending(self) -> int:
-        return len(self._by_span)
 
     def counts(self) -> dict[str, int]:
         return {"logs_sealed": self.sealed, "logs_unsealed": self.unsealed}
@@ -134,8 +132,6 @@ class SealingLogRecordProcessor(LogRecordProcessor):
         if salts:
             attrs[semconv.CHAIN_SALTS] = log_leaf.salts_text(salts)
         attrs[log_leaf.LOG_SEALED] = True
-        from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
-
         encoded = encode_logs([log_record]).resource_logs[0].scope_logs[0].log_records[0]
         if not self.leaves.add(span, span_id, log_leaf.leaf_from_proto(encoded, salts)):
             del attrs[log_leaf.LOG_SEALED]  # its span ended meanwhile: exported as not sealed
