@@ -418,3 +418,41 @@ def test_compiled_commitments_equal_the_python_loop(monkeypatch) -> None:
                     m.setattr(sealed_entries, "_native_commit", None)
                 with pytest.raises((sealed_entries._General, ValueError)):  # either way: the general path
                     sealed_entries._commit({"k": {"s": "v"}}, [], {"s": orjson.dumps({"k": bad}).decode()}, None)
+
+
+def test_compiled_commitments_hash_every_text_as_orjson_writes_it(monkeypatch) -> None:
+    """The compiled path hashes a text value while escaping it: every control character, quotes,
+    backslashes, non-ASCII and lone surrogates give the Python loop's commitment or its refusal, and
+    salts texts it does not parse itself (escaped or repeated labels, spaces) go through orjson."""
+    if sealed_entries._native_commit is None:
+        pytest.skip("compiled chain not built")
+    texts = ["".join(chr(i) for i in range(128)), "a\nb\tc\rd\x0be\x0cf\x08g", "\u00e9\u2028\U0001f600\"x\\",
+             "\ud800", "x\udfff", *TEXTS]
+    salt = "0f" * 16
+
+    def both(attrs: dict, st_text: str) -> tuple:
+        out = []
+        for native in (True, False):
+            with monkeypatch.context() as m:
+                if not native:
+                    m.setattr(sealed_entries, "_native_commit", None)
+                a = {k: dict(v) for k, v in attrs.items()}
+                try:
+                    sealed_entries._commit(a, [], {"s": st_text}, None)
+                    out.append(a)
+                except Exception as exc:  # noqa: BLE001 - the kind of refusal is what is compared
+                    out.append(type(exc).__name__ if not isinstance(exc, sealed_entries._General) else "general")
+        return tuple(out)
+
+    for text in texts:
+        native, python = both({"k": {"s": text}}, orjson.dumps({"k": salt}).decode())
+        if isinstance(python, str):  # a lone surrogate: orjson refuses the value either way
+            assert isinstance(native, str)
+        else:
+            assert native == python, repr(text)
+    value = {"k": {"s": "v"}, "j": {"s": "w"}}
+    for st_text in ('{"k":"%s"}' % salt, '{"k":"%s","j":"%s"}' % (salt, "1a" * 16),
+                    '{ "k" : "%s" }' % salt, '{"\\u006b":"%s"}' % salt, '{"k":"%s","k":"%s"}' % ("00" * 16, salt),
+                    '{"k":"%s",}' % salt, '{"k":"%s"' % salt, '{}', '[]', '{"k":"%s "}' % salt[:31]):
+        native, python = both(value, st_text)
+        assert native == python or (isinstance(native, str) and isinstance(python, str)), st_text

@@ -155,13 +155,136 @@ cdef inline int _unhex(char c):
     return -1  # upper case, spaces or anything else: the reference refuses the salt
 
 
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object, Py_ssize_t*) except NULL
+
+cdef extern from *:
+    """
+    typedef struct { unsigned long long w[32]; } at_sha_ctx;  /* room for OpenSSL's 112-byte SHA256_CTX */
+    static void at_ctx_init(at_sha_ctx *c) { at_sha256_init_p(c->w); }
+    static void at_ctx_update(at_sha_ctx *c, const void *d, size_t n) { at_sha256_update_p(c->w, d, n); }
+    static void at_ctx_final(at_sha_ctx *c, unsigned char *out) { at_sha256_final_p(out, c->w); }
+    """
+    ctypedef struct at_sha_ctx:
+        pass
+    void at_ctx_init(at_sha_ctx*) nogil
+    void at_ctx_update(at_sha_ctx*, const void*, size_t) nogil
+    void at_ctx_final(at_sha_ctx*, unsigned char*) nogil
+
+cdef extern from *:
+    """
+    /* sha256(salt || '{"s":"' || escaped(p[0:n]) || '"}') with orjson's escapes (the quote and the
+       backslash escaped, backspace, tab, newline, form feed and carriage return short, other bytes
+       below 0x20 as u00xx, every other byte as it is). Runs that need no escape are hashed in place,
+       escapes go through a small buffer. (Character codes, not C escapes: this text is a Python string.) */
+    static const char at_hexd[] = "0123456789abcdef";
+    static unsigned char at_esc_kind[256];
+    static void at_hash_text(const unsigned char *salt, const unsigned char *p, size_t n, unsigned char *dig) {
+        at_sha_ctx ctx;
+        unsigned char buf[32];
+        size_t i = 0, run;
+        if (!at_esc_kind[0]) {
+            int c;
+            for (c = 0; c < 32; c++) at_esc_kind[c] = 117;  /* u */
+            at_esc_kind[8] = 98; at_esc_kind[9] = 116; at_esc_kind[10] = 110; at_esc_kind[12] = 102;
+            at_esc_kind[13] = 114;  /* b t n f r */
+            at_esc_kind[34] = 34; at_esc_kind[92] = 92;
+        }
+        at_ctx_init(&ctx);
+        memcpy(buf, salt, 16);
+        buf[16] = 123; buf[17] = 34; buf[18] = 115; buf[19] = 34; buf[20] = 58; buf[21] = 34;  /* {"s":" */
+        at_ctx_update(&ctx, buf, 22);
+        while (i < n) {
+            run = i;
+            while (i < n && !at_esc_kind[p[i]]) i++;
+            if (i > run) at_ctx_update(&ctx, p + run, i - run);
+            if (i < n) {
+                unsigned char k = at_esc_kind[p[i]];
+                buf[0] = 92;
+                if (k == 117) {
+                    buf[1] = 117; buf[2] = 48; buf[3] = 48;
+                    buf[4] = at_hexd[p[i] >> 4]; buf[5] = at_hexd[p[i] & 15];
+                    at_ctx_update(&ctx, buf, 6);
+                } else {
+                    buf[1] = k;
+                    at_ctx_update(&ctx, buf, 2);
+                }
+                i++;
+            }
+        }
+        buf[0] = 34; buf[1] = 125;  /* "} */
+        at_ctx_update(&ctx, buf, 2);
+        at_ctx_final(&ctx, dig);
+    }
+    """
+    void at_hash_text(const unsigned char*, const unsigned char*, size_t, unsigned char*) nogil
+
+
+cdef int _hash_text_value(const unsigned char* salt, object text, unsigned char* dig) except -1:
+    r"""``sha256(salt || orjson.dumps({"s": text}))`` without building the value's bytes (``at_hash_text``:
+    orjson's string escapes, the rest as UTF-8); 0 when ``text`` is not valid UTF-8 (a lone surrogate:
+    the caller lets orjson refuse it)."""
+    cdef Py_ssize_t n
+    cdef const unsigned char* p
+    if PyUnicode_IS_ASCII(text):
+        p = <const unsigned char*>PyUnicode_DATA(text)
+        n = PyUnicode_GET_LENGTH(text)
+    else:
+        try:
+            p = <const unsigned char*>PyUnicode_AsUTF8AndSize(text, &n)
+        except UnicodeError:
+            return 0
+    at_hash_text(salt, p, n, dig)
+    return 1
+
+
+cdef object _simple_salts(object text):
+    """The labels and hex salts of a salts text written as ``salts_text`` writes it (``{"label":"hex",...}``,
+    no escapes, no spaces), as a list of pairs; ``None`` for any other text (orjson then parses it)."""
+    cdef Py_ssize_t n, i, j, k
+    cdef const char* p
+    if type(text) is not str or not PyUnicode_IS_ASCII(text):
+        return None
+    p = <const char*>PyUnicode_DATA(text)
+    n = PyUnicode_GET_LENGTH(text)
+    if n < 2 or p[0] != 123 or p[n - 1] != 125:
+        return None
+    out = []
+    i = 1
+    if n == 2:
+        return out
+    while True:
+        if p[i] != 34:
+            return None
+        j = i + 1
+        while j < n and p[j] != 34:
+            if p[j] == 92 or p[j] < 32:  # an escape or a raw control (orjson refuses those)
+                return None
+            j += 1
+        # "label":"<32>"
+        if j + 36 >= n or p[j + 1] != 58 or p[j + 2] != 34 or p[j + 35] != 34:
+            return None
+        label = PyUnicode_DecodeLatin1(p + i + 1, j - i - 1, NULL)
+        for other, _ in out:
+            if other == label:
+                return None  # a repeated label: orjson's reading (the last one) decides
+        out.append((label, PyUnicode_DecodeLatin1(p + j + 3, 32, NULL)))
+        i = j + 36
+        if p[i] == 125 and i == n - 1:
+            return out
+        if p[i] != 44:
+            return None
+        i += 1
+
+
 def commit_salts(dict a, list events, object salts_text, dict labels, object label_of):
     """Replace each salted value of the typed sets ``a`` (the span's) and ``events[i]["attributes"]``
     by ``{"c": hex(sha256(salt || orjson-sorted bytes of the value))}``; True when done, False for a
     salts map the reference would refuse (then nothing is promised about ``a``: the caller takes the
     general path), None where SHA-256 is not called directly. Missing values raise (KeyError,
     IndexError): the general path decides. ``labels`` caches ``label_of(label) -> (event index or None,
-    key)``."""
+    key)``. A text value (``{"s": ...}``, the usual content) is hashed as it is serialized, without
+    building its bytes."""
     cdef unsigned char salt[16]
     cdef unsigned char dig[32]
     cdef char stack[_COMMIT_STACK]
@@ -172,10 +295,13 @@ def commit_salts(dict a, list events, object salts_text, dict labels, object lab
     cdef int hi, lo
     if not _DIRECT:
         return None
-    salts = _json_loads(salts_text)
-    if type(salts) is not dict:
-        return False
-    for label, h in (<dict>salts).items():
+    pairs = _simple_salts(salts_text)
+    if pairs is None:
+        salts = _json_loads(salts_text)
+        if type(salts) is not dict:
+            return False
+        pairs = (<dict>salts).items()
+    for label, h in pairs:
         if type(h) is not str or not PyUnicode_IS_ASCII(h) or PyUnicode_GET_LENGTH(h) != 32:
             return False
         hp = <const char*>PyUnicode_DATA(h)
@@ -191,16 +317,21 @@ def commit_salts(dict a, list events, object salts_text, dict labels, object lab
         idx = (<tuple>r)[0]
         key = (<tuple>r)[1]
         t = a if idx is None else events[idx]["attributes"]
-        v = _json_dumps(t[key], option=_SORT_KEYS)
-        n = PyBytes_GET_SIZE(v)
-        vp = PyBytes_AS_STRING(v)
-        if n + 16 <= _COMMIT_STACK:
-            memcpy(stack, salt, 16)
-            memcpy(stack + 16, vp, n)
-            at_sha256(<const unsigned char*>stack, n + 16, dig)
-        else:
-            data = PyBytes_FromStringAndSize(<char*>salt, 16) + v
-            at_sha256(<const unsigned char*>PyBytes_AS_STRING(data), n + 16, dig)
+        tv = t[key]
+        sv = None
+        if type(tv) is dict and len(<dict>tv) == 1:
+            sv = (<dict>tv).get("s")
+        if type(sv) is not str or not _hash_text_value(salt, sv, dig):
+            v = _json_dumps(tv, option=_SORT_KEYS)
+            n = PyBytes_GET_SIZE(v)
+            vp = PyBytes_AS_STRING(v)
+            if n + 16 <= _COMMIT_STACK:
+                memcpy(stack, salt, 16)
+                memcpy(stack + 16, vp, n)
+                at_sha256(<const unsigned char*>stack, n + 16, dig)
+            else:
+                data = PyBytes_FromStringAndSize(<char*>salt, 16) + v
+                at_sha256(<const unsigned char*>PyBytes_AS_STRING(data), n + 16, dig)
         for i in range(32):
             hexed[2 * i] = _HEX[dig[i] >> 4]
             hexed[2 * i + 1] = _HEX[dig[i] & 15]
