@@ -207,3 +207,40 @@ def test_a_run_end_checkpoint_is_signed_off_the_app_thread_and_flush_signs_what_
     provider.shutdown()
     cps = [s for s in exporter.get_finished_spans() if s.name == semconv.EVENT_CHECKPOINT]
     assert len(cps) == 3 and cps[-1].attributes[semconv.CHECKPOINT_ORIGIN] == origin_for("c")
+
+
+def test_an_app_of_one_call_traces_keeps_a_bounded_memory_of_closed_tapes(monkeypatch) -> None:
+    """Every closed tape is remembered (so the same tape id sealed again opens its next epoch), but
+    only the newest ``MAX_REMEMBERED_TAPES``: an app whose every model call is a trace of its own does
+    not hold one entry per call for as long as it runs. A late span of a recent trace still opens the
+    next epoch and names the closed one."""
+    from opentelemetry import trace as trace_api
+
+    from otel_agenttape.capture import sealing
+
+    monkeypatch.setattr(sealing, "MAX_REMEMBERED_TAPES", 50)
+    key = Signer.generate("k.example/agent")
+    provider, sealer, exporter = sealed_provider(signing_key=key, seal_foreign=True)
+    tracer = provider.get_tracer("openai.instrumentation")
+    roots = []
+    for _ in range(400):  # 400 one-call traces, each its own tape, closed at its root's end
+        span = tracer.start_span("chat", attributes={"gen_ai.operation.name": "chat"})
+        span.end()
+        roots.append(span)
+    assert len(sealer._last_epochs) == 50
+    # a child span of the last trace ends after its root (an async tool finishing late)
+    late = tracer.start_span("tool", context=trace_api.set_span_in_context(roots[-1]))
+    late.end()
+    provider.shutdown()
+    spans = exporter.get_finished_spans()
+    mine = [s for s in _chained(spans) if s.context.trace_id == roots[-1].context.trace_id]
+    assert sorted(s.attributes[semconv.CHAIN_EPOCH] for s in mine) == [0, 1]
+    cps = [s for s in spans if s.name == semconv.EVENT_CHECKPOINT and s.context.trace_id == roots[-1].context.trace_id]
+    opening = [Checkpoint.parse(split_note(s.attributes[semconv.CHECKPOINT_NOTE])[0]) for s in cps]
+    restore = [cp.extension("restore") for cp in opening if cp.extension("restore")]
+    assert restore and restore[0].startswith(origin_for(f"{roots[-1].context.trace_id:032x}") + " 1 ")
+    store = Store(None)
+    store.write_traces([encode(spans)])
+    reports = verify_store(store.reader(), verifiers=[key.verifier()])
+    assert len(reports) == 401 and all(r.valid for r in reports), [r.reason for r in reports if not r.valid][:3]
+    store.close()

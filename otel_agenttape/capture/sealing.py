@@ -45,9 +45,10 @@ from otel_agenttape.capture.sealing_fast import SealState, Tape
 from otel_agenttape.codec.typed import NotOtlpSafe
 from otel_agenttape.integrity import leaf_fast
 from otel_agenttape.integrity.chain import Chain
-from otel_agenttape.integrity.checkpoint import Checkpoint, read_checkpoint_file
+from otel_agenttape.integrity.checkpoint import Checkpoint, origin_for, read_checkpoint_file
 from otel_agenttape.integrity.jcs import CanonicalError
 from otel_agenttape.integrity.leaf import raw_attributes
+from otel_agenttape.integrity.merkle import EMPTY_ROOT
 from otel_agenttape.integrity.log_leaf import EVENT_LOGS
 from otel_agenttape.integrity.leaf_fast import CONTENT_KEYS, leaf_hash_from_sdk, python_seal_hash_sdk, seal_hash_sdk
 from otel_agenttape.integrity.note import Signer, sign_note
@@ -56,6 +57,10 @@ _log = logging.getLogger(__name__)
 SCOPE = InstrumentationScope(semconv.SCOPE_INTEGRITY)
 NODE_TYPES = frozenset({"model", "tool"})
 MAX_PENDING = 1024  # checkpoints waiting for the checkpoint thread; past it, the span's thread signs
+# Tapes whose last checkpoint is remembered (about 200 bytes each), so that the same tape id sealed
+# again in this process opens its next epoch; an app whose every call is a trace of its own would
+# otherwise keep one entry per trace for as long as it runs.
+MAX_REMEMBERED_TAPES = 65536
 _CHAIN_ID, _CHAIN_SEQ, _CHAIN_PREV, _CHAIN_HASH, _CHAIN_EPOCH = (
     semconv.CHAIN_ID, semconv.CHAIN_SEQ, semconv.CHAIN_PREV, semconv.CHAIN_HASH, semconv.CHAIN_EPOCH)
 _CHAIN_SALTS = semconv.CHAIN_SALTS
@@ -332,10 +337,9 @@ class SealingSpanProcessor(SpanProcessor):
 
     def _open_chain(self, tape: Tape) -> tuple | None:
         last = self._last_epochs.get(tape.chain_id)
-        epoch = 0 if last is None else int(last["epoch"]) + 1
+        epoch = 0 if last is None else last[0] + 1
         tape.chain = Chain(tape.chain_id, epoch)
-        self._last_epochs[tape.chain_id] = {"epoch": epoch, "origin": tape.chain.origin, "size": 0,
-                                            "root": base64.b64encode(tape.chain.root()).decode()}
+        self._remember(tape.chain_id, (epoch, 0, EMPTY_ROOT))
         if last is None:
             # With a checkpoint file, the opening (size 0) checkpoint is recorded there at once: a
             # process that dies before its first regular checkpoint still leaves the epoch behind,
@@ -343,8 +347,20 @@ class SealingSpanProcessor(SpanProcessor):
             return self._snapshot(tape, time.monotonic()) if self.checkpoint_file is not None else None
         # A tape id seen before: a restored tape starts a new epoch, opened by a signed statement
         # that names the previous epoch's last checkpoint.
-        tape.restore_ext = f"restore {last['origin']} {last['size']} {last['root']}"
+        last_epoch, last_size, last_root = last
+        tape.restore_ext = (f"restore {origin_for(tape.chain_id, last_epoch)} {last_size} "
+                            f"{base64.b64encode(last_root).decode()}")
         return self._snapshot(tape, time.monotonic())
+
+    def _remember(self, chain_id: str, last: tuple[int, int, bytes]) -> None:
+        """Record a tape's newest ``(epoch, size, root)``: what a later epoch of the same tape id names
+        as its predecessor. Bounded: the ``MAX_REMEMBERED_TAPES`` most recently checkpointed tapes."""
+        known = self._last_epochs
+        if chain_id in known:
+            known.move_to_end(chain_id)
+        known[chain_id] = last
+        if len(known) > MAX_REMEMBERED_TAPES:
+            known.popitem(last=False)
 
     def _snapshot(self, tape: Tape, now: float) -> tuple | None:
         """Fix the tape's checkpoint at its chain's current size and queue it for signing (called
@@ -360,8 +376,7 @@ class SealingSpanProcessor(SpanProcessor):
         root = chain.root()
         cp = Checkpoint(chain.origin, chain.size, root, tuple(ext))
         # what a later epoch of this tape id names as its predecessor: known now, signed or not yet
-        self._last_epochs[tape.chain_id] = {"epoch": chain.epoch, "origin": chain.origin, "size": chain.size,
-                                            "root": base64.b64encode(root).decode()}
+        self._remember(tape.chain_id, (chain.epoch, chain.size, root))
         due = (tape, cp, chain.epoch)
         self._pending.append(due)
         return due
@@ -454,15 +469,24 @@ class SealingSpanProcessor(SpanProcessor):
                     fh.flush()
                     os.fsync(fh.fileno())
 
-    def _read_epochs(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
+    def _read_epochs(self) -> collections.OrderedDict[str, tuple[int, int, bytes]]:
+        """Each tape's newest ``(epoch, size, root)`` in the checkpoint file (the newest
+        ``MAX_REMEMBERED_TAPES`` tapes), so a restarted process opens the next epoch of a tape."""
+        out: collections.OrderedDict[str, tuple[int, int, bytes]] = collections.OrderedDict()
         if self.checkpoint_file is None or not self.checkpoint_file.exists():
             return out
         for rec in read_checkpoint_file(self.checkpoint_file):
             cid = rec.get("chain_id")
+            try:
+                last = (int(rec.get("epoch", 0)), int(rec.get("size", 0)), base64.b64decode(rec.get("root") or ""))
+            except (TypeError, ValueError):
+                continue
             prev = out.get(cid)
-            if prev is None or (rec.get("epoch", 0), rec.get("size", 0)) >= (prev.get("epoch", 0), prev.get("size", 0)):
-                out[cid] = rec
+            if prev is None or last[:2] >= prev[:2]:
+                out[cid] = last
+                out.move_to_end(cid)
+                if len(out) > MAX_REMEMBERED_TAPES:
+                    out.popitem(last=False)
         return out
 
     def _ensure_timer(self) -> None:
