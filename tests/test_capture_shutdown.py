@@ -242,3 +242,47 @@ def test_force_flush_waits_only_for_what_was_queued_before_it():
 def test_negative_shutdown_timeout_is_refused():
     with pytest.raises(ValueError):
         QueueingSpanProcessor(_Stuck(), shutdown_timeout_millis=-1)
+
+
+class _Slow(SpanExporter):
+    """Takes 30 ms an export (an HTTP round trip to a busy receiver) and records each batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[float, int]] = []
+
+    def export(self, spans):
+        time.sleep(0.03)
+        self.batches.append((time.monotonic(), len(spans)))
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_spans_ending_during_an_export_wait_for_the_next_tick_not_a_request_each():
+    """An app that ends a span every few ms while each export takes 30 ms: the worker sends what was
+    queued when it woke and sleeps until the next tick, so requests follow the schedule delay (one
+    every 200 ms), not the pace of the exports (one per span or two, each costing the app a request's
+    CPU). Nothing waits longer than about one tick, and a flush still sends everything."""
+    exporter = _Slow()
+    queue = QueueingSpanProcessor(exporter, max_export_batch_size=512, schedule_delay_millis=200)
+    tape = otel_agenttape.setup(exporter=False)
+    tape.tracer_provider.add_span_processor(queue)
+    tracer = tape.tracer_provider.get_tracer("t")
+    ended: list[float] = []
+    start = time.monotonic()
+    while time.monotonic() - start < 1.0:
+        tracer.start_span("call").end()
+        ended.append(time.monotonic())
+        time.sleep(0.003)
+    assert queue.force_flush(5000) is True
+    n = len(ended)
+    assert sum(c for _, c in exporter.batches) == n == queue.stats_source()["spans_exported"]
+    assert len(exporter.batches) <= 10, exporter.batches  # about 1.0 s / 0.2 s, not 1.0 s / 0.03 s
+    # the latest any span waited: from its end to the export that carried it
+    i, worst = 0, 0.0
+    for t, count in exporter.batches:
+        worst = max(worst, t - ended[i])
+        i += count
+    assert worst < 1.0, worst
+    queue.shutdown()

@@ -198,10 +198,19 @@ class QueueingSpanProcessor(SpanProcessor):
         self._drain()
 
     def _drain(self) -> None:
+        """Export what was queued when the worker woke (in batches), then go back to sleep: spans that
+        end meanwhile wait for the next tick unless a full batch of them waits, a flush wants them or
+        the queue shuts down. (Draining until the queue is empty would send a request for every span
+        or two that ends during an export: each request costs the app more CPU than its spans.)"""
         queue = self._queue
+        with self._lock:
+            goal = self._taken + len(queue)
         while True:
             with self._lock:
                 if not queue:
+                    return
+                if (self._taken >= goal and len(queue) < self.max_export_batch_size and not self._shutdown
+                        and not any(w.target > self._taken for w in self._waiters)):
                     return
                 left = None
                 if self._shutdown and not self._may_export_locked():
