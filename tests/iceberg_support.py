@@ -17,7 +17,8 @@ import pytest
 
 PG_ENV = "AGENTTAPE_TEST_POSTGRES_URL"
 PG_SKIP = f"{PG_ENV} is not set: run `export {PG_ENV}=$(bash .ci/postgres.sh)`"
-KINDS = ["sqlite-folder", "postgresql-s3", "rest-folder"]
+# every catalog on a folder and on S3 (moto); the REST catalog server keeps its warehouse in a folder
+KINDS = ["sqlite-folder", "sqlite-s3", "postgresql-folder", "postgresql-s3", "rest-folder"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -84,12 +85,17 @@ def lake_url(kind: str, tmp: Any, moto: str | None = None, bucket: str = "ice", 
     if kind == "rest-folder":
         assert rest is not None
         return f"iceberg+rest://{rest}#{ns}"
+    if kind.endswith("-s3"):
+        assert moto is not None
+        warehouse = f"s3://{bucket}/warehouse"
+    else:
+        warehouse = f"{tmp}/warehouse"
+    if kind.startswith("sqlite"):
+        return f"iceberg+sql:///{tmp}/catalog.db?warehouse={warehouse}#{ns}"
     pg = os.environ.get(PG_ENV)
     if not pg:
         pytest.skip(PG_SKIP)
-    assert moto is not None
-    rest = pg.split("://", 1)[1]
-    return f"iceberg+postgresql://{rest}?warehouse=s3://{bucket}/warehouse#{ns}"
+    return f"iceberg+postgresql://{pg.split('://', 1)[1]}?warehouse={warehouse}#{ns}"
 
 
 def drop_lake(url: str) -> None:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -31,7 +32,7 @@ def lake(request: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp(request.param)
     saved: dict[str, str | None] = {}
     endpoint = None
-    if request.param == "postgresql-s3":
+    if request.param.endswith("-s3"):
         endpoint = request.getfixturevalue("moto_endpoint")
         saved = {k: os.environ.get(k) for k in _s3_env(endpoint)}
         os.environ.update(_s3_env(endpoint))  # the publisher and the readers in this process
@@ -54,7 +55,7 @@ def lake(request: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
                 assert again.published_files == 0
         yield {"url": url, "expected": expected, "endpoint": endpoint}
     finally:
-        if request.param == "postgresql-s3":
+        if request.param.startswith("postgresql"):
             drop_lake(url)
         for k, v in saved.items():
             if v is None:
@@ -115,7 +116,7 @@ def _remove(lake: dict[str, Any], path: str) -> None:
     os.remove(path[len("file://"):] if path.startswith("file://") else path)
 
 
-def test_a_data_file_edited_or_removed_outside_a_snapshot_is_caught(lake: dict[str, Any]) -> None:
+def test_a_data_file_edited_or_removed_outside_a_snapshot_is_caught(lake: dict[str, Any], capsys: Any) -> None:
     """Last in the module: it damages the lake."""
     url = lake["url"]
     reader = open_reader([url])
@@ -142,3 +143,15 @@ def test_a_data_file_edited_or_removed_outside_a_snapshot_is_caught(lake: dict[s
         reader.close()
     assert any(k == edited and "edited" in v for k, v in problems.items()), problems
     assert any(k == removed and "missing" in v for k, v in problems.items()), problems
+
+    # `agenttape verify --lake` says so too, naming both files, and fails
+    from otel_agenttape.cli import main
+
+    capsys.readouterr()
+    assert main(["verify", "--lake", url, "--json"]) == 1
+    doc = orjson.loads(capsys.readouterr().out)
+    found = {p["file"]: p["problem"] for p in doc["lake_files"]["problems"]}
+    assert "edited" in found[edited] and "missing" in found[removed] and doc["valid"] is False
+    assert main(["verify", "--lake", url]) == 1
+    out = capsys.readouterr().out
+    assert f"FAIL  lake file {edited}" in out and f"FAIL  lake file {removed}" in out

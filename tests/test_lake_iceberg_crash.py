@@ -1,6 +1,6 @@
 """Three real receivers (``agenttape serve --lake iceberg+...``) publish into one Iceberg catalog at the same
 time, so their commits conflict and are retried; one of them is killed with SIGKILL while it publishes a
-batch and restarted on its DuckDB file. Every span a receiver acknowledged is in the tables exactly once,
+batch and restarted on its DuckDB file, then killed twice more at random moments of its publishing. Every span a receiver acknowledged is in the tables exactly once,
 for our reader and for pyiceberg's own scan, every batch is one snapshot, and no file the kill left stays.
 With a SQLite catalog on a folder, with PostgreSQL and an S3 bucket on 127.0.0.1 (moto), and with an Iceberg
 REST catalog server on 127.0.0.1 over a folder (the receivers commit through its HTTP API; a conflict is its
@@ -9,6 +9,7 @@ REST catalog server on 127.0.0.1 over a folder (the receivers commit through its
 from __future__ import annotations
 
 import os
+import random
 import sys
 import threading
 import time
@@ -63,7 +64,7 @@ def _feed(rec: Receiver, client: httpx.Client, acked: list[str], start: int, n: 
 def where(request: Any, tmp_path: Any, monkeypatch: Any) -> Any:
     env = dict(os.environ)
     endpoint = None
-    if request.param == "postgresql-s3":
+    if request.param.endswith("-s3"):
         endpoint = request.getfixturevalue("moto_endpoint")
         bucket = f"crash-{os.urandom(4).hex()}"
         for k, v in _s3_env(endpoint).items():
@@ -75,7 +76,7 @@ def where(request: Any, tmp_path: Any, monkeypatch: Any) -> Any:
         _make_bucket(endpoint, bucket)
     # the folder the receivers' files are watched in: a local warehouse under tmp_path, or the REST server's
     yield url, env, (os.path.join(rest.folder, "warehouse") if rest else str(tmp_path))
-    if endpoint:
+    if request.param.startswith("postgresql"):
         drop_lake(url)
 
 
@@ -101,12 +102,20 @@ def test_three_receivers_one_killed_mid_publish(where: Any, tmp_path: Any) -> No
                 t.join()
             # restart on the same DuckDB file: the pending batch is published once, then new spans
             recs[VICTIM] = Receiver(recs[VICTIM].db, url, VICTIM, env, interval=0.05, max_spans=SPANS * 2).start()
-            _feed(recs[VICTIM], client, acked[VICTIM], 100, 2)
+            # then killed again at a random moment of its publishing (each run of the test its own), twice
+            rng = random.Random()
+            for k in range(2):
+                _feed(recs[VICTIM], client, acked[VICTIM], 100 + 10 * k, 3)
+                time.sleep(rng.uniform(0.0, 0.25))  # the 0.05 s publishing interval: before, during or after a commit
+                recs[VICTIM].kill()
+                recs[VICTIM] = Receiver(recs[VICTIM].db, url, VICTIM, env, interval=0.05,
+                                        max_spans=SPANS * 2).start()
+            _feed(recs[VICTIM], client, acked[VICTIM], 200, 2)
     finally:
         for rec in recs.values():
             rec.stop()  # a graceful stop publishes what is left
     want = Counter(s for ids in acked.values() for s in ids)
-    assert len(want) == sum(len(v) for v in acked.values()) >= (2 * REQUESTS + 5) * SPANS
+    assert len(want) == sum(len(v) for v in acked.values()) >= (2 * REQUESTS + 11) * SPANS
 
     reader = open_reader([url])
     try:

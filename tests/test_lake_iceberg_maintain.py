@@ -13,6 +13,7 @@ import sys
 import threading
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -198,3 +199,54 @@ def test_retain_while_receivers_publish_keeps_every_span_newer_than_the_cutoff(t
     finally:
         for s in stores:
             s.close()
+
+
+def _sealed_lake(tmp_path: Any) -> str:
+    """An Iceberg lake holding one sealed tape whose first nodes ran 40 days ago (test_lake_retention's)."""
+    from integrity_support import encode
+    from test_lake_retention import _sealed_spans
+
+    url = f"iceberg+sql:///{tmp_path}/catalog.db#tapes"
+    with Store(str(tmp_path / "r.duckdb")) as store:
+        store.write_traces([encode(_sealed_spans("kept-run"))])
+        IcebergPublisher(store, url, "r1").publish_all()
+    return url
+
+
+def test_iceberg_retention_is_not_tampering_and_a_file_deleted_by_hand_is(tmp_path: Any, capsys: Any) -> None:
+    """``lake retain`` on Iceberg tables is recorded in the snapshot it commits: ``verify`` reports the
+    tape's old entries as removed by retention, not as a gap; the same old data file deleted by hand
+    (outside a snapshot) is a gap and a missing file."""
+    from test_lake_retention import NEW_NODES, OLD_NODES
+
+    kept, tampered = tmp_path / "kept", tmp_path / "tampered"
+    kept.mkdir()
+    tampered.mkdir()
+    url = _sealed_lake(kept)
+    assert cli_main(["verify", "--lake", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["chains"][0]["length"] == OLD_NODES + NEW_NODES + 1
+    assert cli_main(["lake", "retain", url, "--older-than", "30d", "--grace", "0", "--json"]) == 0
+    capsys.readouterr()
+    assert cli_main(["verify", "--lake", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    chain = doc["chains"][0]
+    assert doc["valid"] and chain["removed_by_retention"] == OLD_NODES and chain["issues"] == [], doc
+
+    url = _sealed_lake(tampered)
+    cat, parsed = load(url)
+    spans = cat.load_table(f"{parsed.namespace}.spans")
+    old_ns = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=30)).timestamp() * 1e9
+    old = []  # the data files holding only spans older than the cutoff: what retention would drop
+    for task in spans.scan().plan_files():
+        path = task.file.file_path
+        local = path[len("file://"):] if path.startswith("file://") else path
+        if max(pq.read_table(local, columns=["start_time_unix_nano"]).column(0).to_pylist()) < old_ns:
+            old.append(local)
+    assert old
+    for path in old:
+        os.remove(path)
+    assert cli_main(["verify", "--lake", url, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert not doc["valid"] and doc["chains"][0]["issues"][0]["kind"] == "gap", doc
+    assert doc["lake_files"]["problems"] and all("missing" in p["problem"] for p in doc["lake_files"]["problems"])

@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK if ok else EXIT_FAILED
     if not reports:
         print("no sealed tapes found" + (f" for run {args.run}" if args.run else ""))
+        for f in files:  # a lake's damaged files are a finding with or without sealed tapes
+            print(f"FAIL  lake file {f['file']}: {f['problem']}")
         return EXIT_FAILED
     for r in reports:
         epoch = f" epoch {r.epoch}" if r.epoch else ""
