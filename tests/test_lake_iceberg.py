@@ -87,6 +87,55 @@ def test_two_receivers_publish_and_both_readers_see_every_span_once(lake: dict[s
         assert table.location().startswith("s3://ice/warehouse/")
 
 
+def test_tables_are_partitioned_by_day_and_trace_bucket_sorted_and_written_with_zstd_and_deltas(
+        lake: dict[str, Any]) -> None:
+    """What other engines rely on to prune: the partition spec (day of ``date``, a trace-id bucket), the
+    sort order, and in each data file zstd pages, delta-encoded times and min/max statistics of trace ids."""
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+    from pyiceberg.transforms import BucketTransform, DayTransform
+
+    catalog, parsed = load(lake["url"])
+    table = catalog.load_table(f"{parsed.namespace}.spans")
+    fields = {f.name: f.transform for f in table.spec().fields}
+    assert isinstance(fields["date_day"], DayTransform) and isinstance(fields["trace_id_bucket"], BucketTransform)
+    # time first (a time window prunes by min/max), then trace and span (a trace's rows lie together)
+    assert [table.schema().find_field(f.source_id).name for f in table.sort_order().fields] == [
+        "start_time_unix_nano", "trace_id", "span_id"]
+    assert table.properties.get("write.parquet.compression-codec") == "zstd"
+    path = next(iter(table.scan().plan_files())).file.file_path
+    if path.startswith("s3://"):
+        host = lake["endpoint"].split("://", 1)[1]
+        fs = pafs.S3FileSystem(endpoint_override=host, scheme="http", access_key="testing", secret_key="testing",
+                               region="us-east-1")
+        pf = pq.ParquetFile(fs.open_input_file(path[len("s3://"):]))
+    else:
+        pf = pq.ParquetFile(path[len("file://"):] if path.startswith("file://") else path)
+    meta = pf.metadata
+    times = pf.read(columns=["start_time_unix_nano"]).column(0).to_pylist()
+    assert times == sorted(times)  # the file is written in that order
+    cols = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i) for i in range(meta.num_columns)}
+    assert cols["trace_id"].compression == "ZSTD" and cols["trace_id"].statistics.has_min_max
+    assert "DELTA_BINARY_PACKED" in cols["start_time_unix_nano"].encodings
+
+
+def test_agenttape_sql_sees_the_tables_as_views_and_cannot_change_them(lake: dict[str, Any], capsys: Any) -> None:
+    """``agenttape sql --lake iceberg+...``: the tables are views (spans and the derived ones), the
+    counts are pyiceberg's, and a statement that would change the lake is refused."""
+    from otel_agenttape.cli import main
+
+    url = lake["url"]
+    capsys.readouterr()
+    assert main(["sql", "--lake", url, "--json",
+                 "SELECT (SELECT count(*) FROM spans) AS spans, (SELECT count(DISTINCT span_id) FROM spans) AS ids, "
+                 "(SELECT count(*) FROM runs) AS runs"]) == 0
+    (row,) = orjson.loads(capsys.readouterr().out)
+    assert row["spans"] == row["ids"] == len(lake["expected"]) and row["runs"] == 0  # no GenAI span: no run
+    assert main(["sql", "--lake", url, "DELETE FROM spans"]) != 0
+    capsys.readouterr()
+    assert _spans(url) == (len(lake["expected"]), len(lake["expected"]))
+
+
 def _corrupt(lake: dict[str, Any], path: str) -> None:
     """Flip one byte of a data file, keeping its size (only the sha256 can tell)."""
     if path.startswith("s3://"):
