@@ -204,3 +204,50 @@ def test_a_data_file_edited_or_removed_outside_a_snapshot_is_caught(lake: dict[s
     assert main(["verify", "--lake", url]) == 1
     out = capsys.readouterr().out
     assert f"FAIL  lake file {edited}" in out and f"FAIL  lake file {removed}" in out
+
+
+def test_a_commit_that_loses_the_race_is_refreshed_and_retried_once_and_counted(tmp_path: Any, monkeypatch: Any) -> None:
+    """Receiver A has loaded the table and built its snapshot when receiver B commits first: A's commit
+    conflicts, A refreshes and commits on top of B's, counts the retry (``agenttape_lake_commit_retries``),
+    and both batches are in the table once each."""
+    from otel_agenttape.store.lake import iceberg_files as ifl
+
+    url = f"iceberg+sql:///{tmp_path}/catalog.db#race"
+    stores = [Store(str(tmp_path / f"r{i}.duckdb")) for i in range(2)]
+    try:
+        expected: set[str] = set()
+        for i, store in enumerate(stores):
+            req = trace_request(50 + i)
+            store.write_traces([req])
+            expected |= {s.span_id.hex() for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans}
+        a, b = (IcebergPublisher(store, url, f"r{i}") for i, store in enumerate(stores))
+        b.publish_all()  # the tables exist
+        stores[1].write_traces([trace_request(7)])
+        expected |= set(_span_ids(stores[1]))
+        real = ifl.commit
+        raced: list[str] = []
+
+        def commit_after_b(tbl: Any, work: Any, already: Any = None, on_retry: Any = None) -> bool:
+            if not raced and tbl.name()[-1] == "spans":
+                raced.append("b")
+                b.publish_all()  # B commits after A loaded the table: A's view is stale now
+            return real(tbl, work, already, on_retry)
+
+        monkeypatch.setattr(ifl, "commit", commit_after_b)
+        a.publish_all()
+        monkeypatch.setattr(ifl, "commit", real)
+        assert raced and a.commit_retries >= 1 and b.commit_retries == 0
+        assert a.gauges()["agenttape_lake_commit_retries"][1] == a.commit_retries
+        catalog, parsed = load(url)
+        table = catalog.load_table(f"{parsed.namespace}.spans")
+        ids = table.scan(selected_fields=("span_id",)).to_arrow().column("span_id").to_pylist()
+        assert len(ids) == len(set(ids)) and set(ids) == expected
+        batches = [s.summary.additional_properties.get("agenttape.batch") for s in table.metadata.snapshots]
+        assert sorted(x for x in batches if x) == ["r0/1", "r1/1", "r1/2"]
+    finally:
+        for store in stores:
+            store.close()
+
+
+def _span_ids(store: Any) -> list[str]:
+    return [r[0] for r in store.cursor().execute("SELECT span_id FROM spans").fetchall()]

@@ -194,20 +194,29 @@ def _retryable(exc: BaseException) -> bool:
     return "database is locked" in text or "could not serialize" in text or "deadlock" in text
 
 
-def commit(tbl: Any, work: Callable[[Any], None], already: Callable[[Any], bool] | None = None) -> bool:
+def commit(tbl: Any, work: Callable[[Any], None], already: Callable[[Any], bool] | None = None,
+           on_retry: Callable[[], None] | None = None) -> bool:
     """Run ``work(transaction)`` and commit it; a conflict with another writer refreshes the table and retries
-    (``already(tbl)`` says the change is in, e.g. a commit whose answer was lost). True when committed here."""
+    (``already(tbl)`` says the change is in, e.g. a commit whose answer was lost; ``on_retry()`` is called
+    for each retry, ours or the one pyiceberg's transaction makes itself). True when committed here."""
     from pyiceberg.exceptions import CommitStateUnknownException
 
     delay = 0.02
     for attempt in range(COMMIT_ATTEMPTS):
         if attempt:
+            if on_retry is not None:
+                on_retry()
             tbl.refresh()
         if already is not None and already(tbl):
             return False
+        start = tbl.metadata.current_snapshot_id
         try:
             with tbl.transaction() as tx:
                 work(tx)
+            if on_retry is not None:  # pyiceberg rebased the snapshot on another writer's (its own retry)
+                cur = tbl.metadata.current_snapshot()
+                if cur is not None and cur.parent_snapshot_id != start:
+                    on_retry()
             return True
         except CommitStateUnknownException:
             continue
@@ -220,7 +229,8 @@ def commit(tbl: Any, work: Callable[[Any], None], already: Callable[[Any], bool]
 
 
 def append_files(tbl: Any, files: list[Any], props: dict[str, str], receiver: str, seq: int,
-                 more: Callable[[Any], dict[str, str]] | None = None) -> bool:
+                 more: Callable[[Any], dict[str, str]] | None = None,
+                 on_retry: Callable[[], None] | None = None) -> bool:
     """Append these data files as one snapshot carrying ``props`` (and ``more(tbl)``, computed on each
     attempt from the table as it is then), unless batch (receiver, seq) is there."""
     def work(tx: Any) -> None:
@@ -229,7 +239,7 @@ def append_files(tbl: Any, files: list[Any], props: dict[str, str], receiver: st
             for f in files:
                 fa.append_data_file(f)
 
-    return commit(tbl, work, lambda t: batch_committed(t, receiver, seq))
+    return commit(tbl, work, lambda t: batch_committed(t, receiver, seq), on_retry)
 
 
 def index_keys(tbl: Any) -> pa.Table:

@@ -170,7 +170,7 @@ class IcebergPublisher(LakePublisher):
             props = {**summary_base, ifl.HASHES: json.dumps(hashes, sort_keys=True, separators=(",", ":"))}
             # the run index's snapshot records how many runs the table then holds: the first runs page's count
             more = (lambda t, rows=rows: ifl.run_count(t, rows)) if table == RUN_TRACES else None
-            if ifl.append_files(tbl, files, props, batch.receiver, batch.seq, more):
+            if ifl.append_files(tbl, files, props, batch.receiver, batch.seq, more, self._retried):
                 self.published_files += len(files)
         self._con.execute("UPDATE lake_publications SET state = 'published', published_unix_nano = ? "
                           "WHERE lake = ? AND receiver = ? AND seq = ?",
@@ -208,5 +208,9 @@ class IcebergPublisher(LakePublisher):
             hashes[key] = digest
         return files, hashes, t
 
+    def _retried(self) -> None:
+        self.commit_retries += 1
+
     def gauges(self) -> dict[str, tuple[str, int]]:
-        return super().gauges()
+        return {**super().gauges(), "agenttape_lake_commit_retries": (
+            "Iceberg commits retried after another writer committed first, since start.", self.commit_retries)}
