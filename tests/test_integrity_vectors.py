@@ -74,3 +74,42 @@ def test_v2_vector_commitments_are_salted_hashes_of_the_values(path: Path) -> No
         expect = hashlib.sha256(bytes.fromhex(salt) + rfc8785.dumps(typed)).hexdigest()
         assert committed == {"c": expect}
         assert orjson.dumps(typed).decode() not in v["leaf"]  # the value itself is not in the leaf
+
+
+LOG_VECTORS = sorted((Path(__file__).parent / "vectors" / "log_leaf").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", LOG_VECTORS, ids=lambda p: p.stem)
+def test_log_leaf_vector(path: Path) -> None:
+    """A sealed log record: the leaf the sealer named in its span at capture is the one the stored row
+    and the OTLP record give, over an RFC 8785 projection whose content values are salted commitments."""
+    from otel_agenttape.codec.otlp_decode import decode_logs
+    from otel_agenttape.integrity import log_leaf
+
+    v = json.loads(path.read_text(encoding="utf-8"))
+    proj = v["projection"].encode("utf-8")
+    assert rfc8785.dumps(orjson.loads(proj)) == proj
+    assert hashlib.sha256(proj).hexdigest() == v["leaf"] == v["span_logs_event"]["agenttape.logs.leaves"][0]
+    row = v["row"]
+    assert log_leaf.leaf_from_row(row) == v["leaf"]
+    req = decode_logs(json.dumps(v["otlp_json"]).encode(), JSON)
+    (rec,) = [r for rl in req.resource_logs for sl in rl.scope_logs for r in sl.log_records]
+    attrs = json.loads(row["attributes"])
+    salts = {k: bytes.fromhex(h) for k, h in json.loads(attrs.get("agenttape.chain.salts", {"s": "{}"})["s"]).items()}
+    assert log_leaf.leaf_from_proto(rec, salts) == v["leaf"]
+    p = orjson.loads(proj)
+    for label, salt in salts.items():
+        typed = json.loads(row["body"]) if label == log_leaf.BODY_LABEL else attrs[label]
+        committed = p["body"] if label == log_leaf.BODY_LABEL else p["attributes"][label]
+        assert committed == {"c": hashlib.sha256(salt + rfc8785.dumps(typed)).hexdigest()}
+        assert orjson.dumps(typed).decode() not in v["projection"]
+
+
+def test_log_leaf_vectors_are_what_their_generator_writes() -> None:
+    assert len(LOG_VECTORS) >= 3
+    path = Path(__file__).parent / "vectors" / "make_log_leaf_vectors.py"
+    spec = importlib.util.spec_from_file_location("make_log_leaf_vectors", path)
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.main(["--check"]) == 0
