@@ -160,12 +160,13 @@ def vector(name: str) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str]) -> int:
-    check = "--check" in argv
+def write_or_check(folder: Path, names: list[str], make: Any, check: bool) -> int:
+    """Write ``make(name)`` for each name into ``folder/NAME.json``, or (``check``) say which differ."""
     stale = []
-    for name in [*VECTORS, *V2_VECTORS]:
-        data = orjson.dumps(vector(name), option=orjson.OPT_INDENT_2) + b"\n"
-        path = HERE / "leaf" / f"{name}.json"
+    folder.mkdir(exist_ok=True)
+    for name in names:
+        data = orjson.dumps(make(name), option=orjson.OPT_INDENT_2) + b"\n"
+        path = folder / f"{name}.json"
         if check:
             if not path.exists() or path.read_bytes() != data:
                 stale.append(path.name)
@@ -175,6 +176,10 @@ def main(argv: list[str]) -> int:
         print("stale vectors:", ", ".join(stale))
         return 1
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return write_or_check(HERE / "leaf", [*VECTORS, *V2_VECTORS], vector, "--check" in argv)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # make_leaf_vectors
+sys.path.insert(0, str(HERE.parent))  # tests/ (integrity_support, which make_leaf_vectors imports)
 
 import orjson
 from google.protobuf import json_format
@@ -39,6 +41,8 @@ from otel_agenttape.integrity import log_leaf
 from otel_agenttape.integrity.jcs import dumps_ordered
 from otel_agenttape.integrity.leaf import parse_commitments
 from otel_agenttape.store.rows import logs_to_tables
+
+from make_leaf_vectors import write_or_check  # noqa: E402
 
 TRACE_ID = 0x5B8EFFF798038103D269B633813FC60C
 SPAN_ID = 0xEEE19B7EC3C1B174
@@ -137,22 +141,7 @@ def vector(name: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    check = "--check" in argv
-    stale = []
-    folder = HERE / "log_leaf"
-    folder.mkdir(exist_ok=True)
-    for name in VECTORS:
-        data = orjson.dumps(vector(name), option=orjson.OPT_INDENT_2) + b"\n"
-        path = folder / f"{name}.json"
-        if check:
-            if not path.exists() or path.read_bytes() != data:
-                stale.append(path.name)
-        else:
-            path.write_bytes(data)
-    if stale:
-        print("stale vectors:", ", ".join(stale))
-        return 1
-    return 0
+    return write_or_check(HERE / "log_leaf", list(VECTORS), vector, "--check" in argv)
 
 
 if __name__ == "__main__":
