@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from integrity_support import encode
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from test_erasure import KEY, SECRET, _spans
+from test_erasure_live import _request
 
 import otel_agenttape
 from otel_agenttape.store.erasure import erase_duckdb
@@ -31,17 +31,7 @@ FILLER = 72_000
 
 def _filler(n: int, start: int, trace_id: bytes) -> bytes:
     """``n`` plain spans of ~1 KB of attributes each in ``trace_id`` (so in one big data file of its bucket)."""
-    req = ExportTraceServiceRequest()
-    ss = req.resource_spans.add().scope_spans.add()
-    now = time.time_ns()
-    for i in range(n):
-        sp = ss.spans.add()
-        sp.trace_id, sp.span_id = trace_id, os.urandom(8)
-        sp.name, sp.kind = f"filler {start + i}", 1
-        sp.start_time_unix_nano, sp.end_time_unix_nano = now, now + 1000
-        kv = sp.attributes.add()
-        kv.key, kv.value.string_value = "filler.text", os.urandom(400).hex()
-    return req.SerializeToString()
+    return _request(n, trace_id=trace_id, name="filler", start=start, filler_bytes=400)[0]
 
 
 class MeasuredCopy(IcebergCopy):

@@ -36,20 +36,54 @@ def _post(url: str, body: bytes, path: str = "/v1/traces", token: str | None = T
         return exc.code
 
 
-def _request(n: int) -> tuple[bytes, list[str]]:
-    """A request of ``n`` plain spans with fresh ids (their span ids, hex)."""
+def _request(n: int, trace_id: bytes | None = None, name: str = "load", start: int = 0,
+             filler_bytes: int = 0) -> tuple[bytes, list[str]]:
+    """A request of ``n`` plain spans with fresh ids (their span ids, hex), in a fresh trace or
+    ``trace_id``, each with ``filler_bytes`` random bytes (as hex) in ``filler.text`` when asked."""
     req = ExportTraceServiceRequest()
     ss = req.resource_spans.add().scope_spans.add()
-    trace_id = os.urandom(16)
+    trace_id = trace_id or os.urandom(16)
     ids = []
     now = time.time_ns()
     for i in range(n):
         sp = ss.spans.add()
         sp.trace_id, sp.span_id = trace_id, os.urandom(8)
-        sp.name, sp.kind = f"load {i}", 1
+        sp.name, sp.kind = f"{name} {start + i}", 1
         sp.start_time_unix_nano, sp.end_time_unix_nano = now, now + 1000
+        if filler_bytes:
+            kv = sp.attributes.add()
+            kv.key, kv.value.string_value = "filler.text", os.urandom(filler_bytes).hex()
         ids.append(sp.span_id.hex())
     return req.SerializeToString(), ids
+
+
+class Ingest:
+    """Requests of 50 fresh spans posted on a thread until ``stop()``: the span ids acknowledged (200)
+    and the statuses refused (an exporter retries those; they were not acknowledged)."""
+
+    def __init__(self, url: str, token: str | None = TOKEN) -> None:
+        self.url, self.token = url, token
+        self.acked: list[str] = []
+        self.refused: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def start(self) -> Ingest:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            body, ids = _request(50)
+            status = _post(self.url, body, token=self.token)
+            if status == 200:
+                self.acked.extend(ids)
+            else:
+                self.refused.append(status)
+
+    def stop(self, timeout: float = 60) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
 
 
 @pytest.fixture(scope="module")
@@ -59,21 +93,8 @@ def live(tmp_path_factory):
     try:
         assert _post(server.url, encode(_spans()).SerializeToString()) == 200
         assert server.pipeline.wait_idle(30)
-        acked: list[str] = []
-        refused = []
-        stop = threading.Event()
-
-        def ingest() -> None:
-            while not stop.is_set():
-                body, ids = _request(50)
-                status = _post(server.url, body)
-                if status == 200:
-                    acked.extend(ids)
-                else:
-                    refused.append(status)  # a refusal is retried by an exporter; it was not acknowledged
-
-        thread = threading.Thread(target=ingest)
-        thread.start()
+        ingest = Ingest(server.url).start()
+        acked, refused = ingest.acked, ingest.refused
         time.sleep(0.3)
         before = len(acked)
         with otel_agenttape.open(db) as tapes:
@@ -81,8 +102,7 @@ def live(tmp_path_factory):
             result = tapes.erase(session="s1", reason="GDPR art. 17 request #9", signing_key=KEY)
         during = len(acked) - before
         time.sleep(0.3)
-        stop.set()
-        thread.join(60)
+        ingest.stop()
         assert server.pipeline.wait_idle(60)
         reader = server.store.reader()
         try:

@@ -5,14 +5,13 @@ erased string, the other session's content is in every copy, and every copy veri
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from integrity_support import encode
 from test_erasure import KEPT, KEY, SECRET, _spans
-from test_erasure_live import _post, _request
+from test_erasure_live import Ingest, _post
 
 import otel_agenttape
 from otel_agenttape.receiver.server import TapeServer
@@ -60,17 +59,8 @@ def live(tmp_path_factory):
         server.publisher.publish_all()
         before = {"lake": _holding(SECRET.encode(), lake), "parquet": _holding(SECRET.encode(), parquet),
                   "spool": _holding(SECRET.encode(), spool)}
-        acked: list[str] = []
-        stop = threading.Event()
-
-        def ingest() -> None:
-            while not stop.is_set():
-                body, ids = _request(50)
-                if _post(server.url, body, token=TOKEN) == 200:
-                    acked.extend(ids)
-
-        thread = threading.Thread(target=ingest)
-        thread.start()
+        ingest = Ingest(server.url, token=TOKEN).start()
+        acked = ingest.acked
         time.sleep(0.3)
         with otel_agenttape.open(db) as tapes:
             assert tapes.reader.kind == "server"
@@ -82,8 +72,7 @@ def live(tmp_path_factory):
             except ValueError as exc:
                 refused = str(exc)
         time.sleep(0.3)
-        stop.set()
-        thread.join(60)
+        ingest.stop()
         assert server.pipeline.wait_idle(60)
         server.pipeline.sink.flush()
         server.publisher.publish_all()

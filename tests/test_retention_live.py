@@ -16,7 +16,7 @@ import urllib.request
 import orjson
 import pytest
 from integrity_support import encode
-from test_erasure_live import _post, _request
+from test_erasure_live import Ingest, _post
 from test_retention_store import KEY, NEW_TEXT, OLD_TEXT, _spans
 
 import otel_agenttape
@@ -60,24 +60,19 @@ def live(tmp_path_factory):
     try:
         assert _post(server.url, encode(_spans()).SerializeToString(), token=TOKEN) == 200
         assert server.pipeline.wait_idle(30)
-        acked: list[str] = []
         reads: list[int] = []
         stop = threading.Event()
-
-        def ingest() -> None:
-            while not stop.is_set():
-                body, ids = _request(50)
-                if _post(server.url, body, token=TOKEN) == 200:
-                    acked.extend(ids)
+        ingest = Ingest(server.url, token=TOKEN)
+        acked = ingest.acked
 
         def read() -> None:  # the console's runs page and /api/query, all through the rewrite
             while not stop.is_set():
                 reads.append(_get(server.url + "/api/runs")[0])
                 reads.append(_query(server.url, "SELECT count(*) FROM spans")[0])
 
-        threads = [threading.Thread(target=ingest), threading.Thread(target=read)]
-        for t in threads:
-            t.start()
+        reader_thread = threading.Thread(target=read)
+        ingest.start()
+        reader_thread.start()
         time.sleep(0.3)
         before = len(acked)
         waited_before = server.store.gate.waited_reads
@@ -88,8 +83,8 @@ def live(tmp_path_factory):
         during = len(acked) - before
         time.sleep(0.3)
         stop.set()
-        for t in threads:
-            t.join(60)
+        ingest.stop()
+        reader_thread.join(60)
         assert server.pipeline.wait_idle(60)
         reader = server.store.reader()
         try:
