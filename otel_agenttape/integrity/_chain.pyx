@@ -160,19 +160,6 @@ cdef extern from "Python.h":
 
 cdef extern from *:
     """
-    typedef struct { unsigned long long w[32]; } at_sha_ctx;  /* room for OpenSSL's 112-byte SHA256_CTX */
-    static void at_ctx_init(at_sha_ctx *c) { at_sha256_init_p(c->w); }
-    static void at_ctx_update(at_sha_ctx *c, const void *d, size_t n) { at_sha256_update_p(c->w, d, n); }
-    static void at_ctx_final(at_sha_ctx *c, unsigned char *out) { at_sha256_final_p(out, c->w); }
-    """
-    ctypedef struct at_sha_ctx:
-        pass
-    void at_ctx_init(at_sha_ctx*) nogil
-    void at_ctx_update(at_sha_ctx*, const void*, size_t) nogil
-    void at_ctx_final(at_sha_ctx*, unsigned char*) nogil
-
-cdef extern from *:
-    """
     /* sha256(salt || '{"s":"' || escaped(p[0:n]) || '"}') with orjson's escapes (the quote and the
        backslash escaped, backspace, tab, newline, form feed and carriage return short, other bytes
        below 0x20 as u00xx, every other byte as it is). Runs that need no escape are hashed in place,

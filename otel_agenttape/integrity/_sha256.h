@@ -45,18 +45,28 @@ static int at_sha256_available(void) {
     return 0;
 }
 
+/* A SHA-256 fed in pieces (init, update..., final); only after at_sha256_available() returned 1.
+ * SHA256_CTX is 112 bytes in OpenSSL 1.1 and 3.x; room to spare, aligned for its words. */
+typedef struct { unsigned long long w[32]; } at_sha_ctx;
+static void at_ctx_init(at_sha_ctx *c) { at_sha256_init_p(c->w); }
+static void at_ctx_update(at_sha_ctx *c, const void *d, size_t n) { at_sha256_update_p(c->w, d, n); }
+static void at_ctx_final(at_sha_ctx *c, unsigned char *out) { at_sha256_final_p(out, c->w); }
+
 /* out = SHA-256(data[0:len]); only after at_sha256_available() returned 1. */
 static void at_sha256(const unsigned char *data, size_t len, unsigned char *out) {
-    /* SHA256_CTX is 112 bytes in OpenSSL 1.1 and 3.x; room to spare, aligned for its words */
-    unsigned long long ctx[32];
-    at_sha256_init_p(ctx);
-    at_sha256_update_p(ctx, data, len);
-    at_sha256_final_p(out, ctx);
+    at_sha_ctx ctx;
+    at_ctx_init(&ctx);
+    at_ctx_update(&ctx, data, len);
+    at_ctx_final(&ctx, out);
 }
 
 #else
 
+typedef struct { unsigned long long w[32]; } at_sha_ctx;
 static int at_sha256_available(void) { return 0; }
+static void at_ctx_init(at_sha_ctx *c) { (void)c; }
+static void at_ctx_update(at_sha_ctx *c, const void *d, size_t n) { (void)c; (void)d; (void)n; }
+static void at_ctx_final(at_sha_ctx *c, unsigned char *out) { (void)c; (void)out; }
 static void at_sha256(const unsigned char *data, size_t len, unsigned char *out) { (void)data; (void)len; (void)out; }
 
 #endif

@@ -123,7 +123,6 @@ def batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[CompactEntry]:
     out: list[CompactEntry] = []
     append = out.append
     interned: dict[str, str] = {}
-    native, labels = _native_commit, _LABELS
     for i, (tid, sid, parent, ts, name, kind, start, end, sc, sm, text, da, de, dl,
             c_id, c_seq, c_prev, c_hash, c_ep) in enumerate(zip(
             col["trace_id"], col["span_id"], get("parent_span_id", none), get("trace_state", none), col["name"],
@@ -152,13 +151,7 @@ def batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[CompactEntry]:
                 er = pop(_ERASED, None)
                 v = LEAF_V1
                 if st is not None or er is not None:
-                    done = None  # the common v2 row (salts, nothing erased) straight into the compiled loop
-                    if er is None and native is not None:
-                        done = native(a, events, st["s"], labels, _label)
-                        if done is False:
-                            raise _General
-                    if done is None:
-                        _commit(a, events, st, er)
+                    _commit(a, events, st, er)
                     v = LEAF_VERSION
                 # Column values as read (ints from an integer column): another type gives other
                 # bytes, the hash check fails and the general path converts.
