@@ -456,3 +456,26 @@ def test_compiled_commitments_hash_every_text_as_orjson_writes_it(monkeypatch) -
                     '{"k":"%s",}' % salt, '{"k":"%s"' % salt, '{}', '[]', '{"k":"%s "}' % salt[:31]):
         native, python = both(value, st_text)
         assert native == python or (isinstance(native, str) and isinstance(python, str)), st_text
+
+
+def test_compiled_commitments_never_take_one_layout_for_another(monkeypatch) -> None:
+    """The compiled path remembers the last salts layout (labels and where the salts are); texts of the
+    same length whose labels differ, or come in another order, are read as themselves."""
+    if sealed_entries._native_commit is None:
+        pytest.skip("compiled chain not built")
+    s1, s2 = "0f" * 16, "a1" * 16
+    texts = ['{"k":"%s","j":"%s"}' % (s1, s2), '{"j":"%s","k":"%s"}' % (s1, s2), '{"k":"%s","m":"%s"}' % (s1, s2),
+             '{"k":"%s","j":"%s"}' % (s2, s1), '{"k":"%s","j":"%s"}' % (s1, s2.upper())]
+    for st_text in texts * 2:
+        got = []
+        for native in (True, False):
+            with monkeypatch.context() as m:
+                if not native:
+                    m.setattr(sealed_entries, "_native_commit", None)
+                a = {"k": {"s": "v"}, "j": {"s": "w"}, "m": {"s": "x"}}
+                try:
+                    sealed_entries._commit(a, [], {"s": st_text}, None)
+                    got.append(a)
+                except (sealed_entries._General, ValueError):
+                    got.append("general")
+        assert got[0] == got[1], st_text

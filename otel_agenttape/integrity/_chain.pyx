@@ -9,7 +9,7 @@ compares both on the same leaf hashes.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 import hashlib
 
@@ -160,48 +160,17 @@ cdef extern from "Python.h":
 
 cdef extern from *:
     """
-    /* sha256(salt || '{"s":"' || escaped(p[0:n]) || '"}') with orjson's escapes (the quote and the
-       backslash escaped, backspace, tab, newline, form feed and carriage return short, other bytes
-       below 0x20 as u00xx, every other byte as it is). Runs that need no escape are hashed in place,
-       escapes go through a small buffer. (Character codes, not C escapes: this text is a Python string.) */
-    static const char at_hexd[] = "0123456789abcdef";
-    static unsigned char at_esc_kind[256];
+    /* sha256(salt || '{"s":"' || escaped(p[0:n]) || '"}'): the value's bytes as orjson writes them. */
     static void at_hash_text(const unsigned char *salt, const unsigned char *p, size_t n, unsigned char *dig) {
-        at_sha_ctx ctx;
-        unsigned char buf[32];
-        size_t i = 0, run;
-        if (!at_esc_kind[0]) {
-            int c;
-            for (c = 0; c < 32; c++) at_esc_kind[c] = 117;  /* u */
-            at_esc_kind[8] = 98; at_esc_kind[9] = 116; at_esc_kind[10] = 110; at_esc_kind[12] = 102;
-            at_esc_kind[13] = 114;  /* b t n f r */
-            at_esc_kind[34] = 34; at_esc_kind[92] = 92;
-        }
-        at_ctx_init(&ctx);
-        memcpy(buf, salt, 16);
-        buf[16] = 123; buf[17] = 34; buf[18] = 115; buf[19] = 34; buf[20] = 58; buf[21] = 34;  /* {"s":" */
-        at_ctx_update(&ctx, buf, 22);
-        while (i < n) {
-            run = i;
-            while (i < n && !at_esc_kind[p[i]]) i++;
-            if (i > run) at_ctx_update(&ctx, p + run, i - run);
-            if (i < n) {
-                unsigned char k = at_esc_kind[p[i]];
-                buf[0] = 92;
-                if (k == 117) {
-                    buf[1] = 117; buf[2] = 48; buf[3] = 48;
-                    buf[4] = at_hexd[p[i] >> 4]; buf[5] = at_hexd[p[i] & 15];
-                    at_ctx_update(&ctx, buf, 6);
-                } else {
-                    buf[1] = k;
-                    at_ctx_update(&ctx, buf, 2);
-                }
-                i++;
-            }
-        }
-        buf[0] = 34; buf[1] = 125;  /* "} */
-        at_ctx_update(&ctx, buf, 2);
-        at_ctx_final(&ctx, dig);
+        at_hw w;
+        static const unsigned char open_s[6] = {123, 34, 115, 34, 58, 34};  /* {"s":" */
+        static const unsigned char close_s[2] = {34, 125};  /* "} */
+        at_hw_init(&w);
+        at_hw_put(&w, salt, 16);
+        at_hw_put(&w, open_s, 6);
+        at_hw_escaped(&w, p, n);
+        at_hw_put(&w, close_s, 2);
+        at_hw_final(&w, dig);
     }
     """
     void at_hash_text(const unsigned char*, const unsigned char*, size_t, unsigned char*) nogil
@@ -226,8 +195,9 @@ cdef int _hash_text_value(const unsigned char* salt, object text, unsigned char*
 
 
 cdef object _simple_salts(object text):
-    """The labels and hex salts of a salts text written as ``salts_text`` writes it (``{"label":"hex",...}``,
-    no escapes, no spaces), as a list of pairs; ``None`` for any other text (orjson then parses it)."""
+    """The labels of a salts text written as ``salts_text`` writes it (``{"label":"hex",...}``, no
+    escapes, no spaces) with the offset of each one's 32 hex digits in the text, as a list of pairs;
+    ``None`` for any other text (orjson then parses it)."""
     cdef Py_ssize_t n, i, j, k
     cdef const char* p
     if type(text) is not str or not PyUnicode_IS_ASCII(text):
@@ -255,13 +225,81 @@ cdef object _simple_salts(object text):
         for other, _ in out:
             if other == label:
                 return None  # a repeated label: orjson's reading (the last one) decides
-        out.append((label, PyUnicode_DecodeLatin1(p + j + 3, 32, NULL)))
+        out.append((label, j + 3))
         i = j + 36
         if p[i] == 125 and i == n - 1:
             return out
         if p[i] != 44:
             return None
         i += 1
+
+
+# The layout of the last salts text read by ``_simple_salts``: (text, offsets of its salts, where each
+# label's value is). The rows of a tape carry the same labels in the same order, so a text equal to it
+# outside its 32-digit salts is read without parsing it again. Only a cache: a text of another layout
+# is parsed, and the salts are checked as digits each time.
+cdef object _layout = None
+
+
+cdef bint _same_layout(object text, tuple lay):
+    cdef object ltext = lay[0]
+    cdef tuple offs = lay[1]
+    cdef Py_ssize_t n, at = 0, off
+    cdef const char* p
+    cdef const char* q
+    if type(text) is not str or not PyUnicode_IS_ASCII(text):
+        return False
+    n = PyUnicode_GET_LENGTH(text)
+    if n != PyUnicode_GET_LENGTH(ltext):
+        return False
+    p = <const char*>PyUnicode_DATA(text)
+    q = <const char*>PyUnicode_DATA(ltext)
+    for o in offs:
+        off = o
+        if memcmp(p + at, q + at, off - at) != 0:
+            return False
+        at = off + 32
+    return memcmp(p + at, q + at, n - at) == 0
+
+
+cdef int _commit_one(dict a, list events, const char* hp, object where, unsigned char* dig) except -1:
+    """Replace the value at ``where`` (event index or None, key) by ``{"c": hex(sha256(salt ||
+    its bytes))}``, the salt's 32 hex digits at ``hp``; 0 for a salt the reference refuses."""
+    cdef unsigned char salt[16]
+    cdef char stack[_COMMIT_STACK]
+    cdef char hexed[64]
+    cdef const char* vp
+    cdef Py_ssize_t i, n
+    cdef int hi, lo
+    for i in range(16):
+        hi = _unhex(hp[2 * i])
+        lo = _unhex(hp[2 * i + 1])
+        if hi < 0 or lo < 0:
+            return 0
+        salt[i] = <unsigned char>(hi * 16 + lo)
+    idx = (<tuple>where)[0]
+    key = (<tuple>where)[1]
+    t = a if idx is None else events[idx]["attributes"]
+    tv = t[key]
+    sv = None
+    if type(tv) is dict and len(<dict>tv) == 1:
+        sv = (<dict>tv).get("s")
+    if type(sv) is not str or not _hash_text_value(salt, sv, dig):
+        v = _json_dumps(tv, option=_SORT_KEYS)
+        n = PyBytes_GET_SIZE(v)
+        vp = PyBytes_AS_STRING(v)
+        if n + 16 <= _COMMIT_STACK:
+            memcpy(stack, salt, 16)
+            memcpy(stack + 16, vp, n)
+            at_sha256(<const unsigned char*>stack, n + 16, dig)
+        else:
+            data = PyBytes_FromStringAndSize(<char*>salt, 16) + v
+            at_sha256(<const unsigned char*>PyBytes_AS_STRING(data), n + 16, dig)
+    for i in range(32):
+        hexed[2 * i] = _HEX[dig[i] >> 4]
+        hexed[2 * i + 1] = _HEX[dig[i] & 15]
+    t[key] = {"c": PyUnicode_DecodeLatin1(hexed, 64, NULL)}
+    return 1
 
 
 def commit_salts(dict a, list events, object salts_text, dict labels, object label_of):
@@ -272,55 +310,44 @@ def commit_salts(dict a, list events, object salts_text, dict labels, object lab
     IndexError): the general path decides. ``labels`` caches ``label_of(label) -> (event index or None,
     key)``. A text value (``{"s": ...}``, the usual content) is hashed as it is serialized, without
     building its bytes."""
-    cdef unsigned char salt[16]
+    global _layout
     cdef unsigned char dig[32]
-    cdef char stack[_COMMIT_STACK]
-    cdef char hexed[64]
-    cdef const char* hp
-    cdef const char* vp
-    cdef Py_ssize_t i, n
-    cdef int hi, lo
+    cdef const char* tp
+    cdef Py_ssize_t k
     if not _DIRECT:
         return None
+    lay = _layout
+    if lay is not None and _same_layout(salts_text, <tuple>lay):
+        tp = <const char*>PyUnicode_DATA(salts_text)
+        offs = (<tuple>lay)[1]
+        wheres = (<tuple>lay)[2]
+        for k in range(len(<tuple>offs)):
+            if not _commit_one(a, events, tp + <Py_ssize_t>(<tuple>offs)[k], (<tuple>wheres)[k], dig):
+                return False
+        return True
     pairs = _simple_salts(salts_text)
-    if pairs is None:
-        salts = _json_loads(salts_text)
-        if type(salts) is not dict:
-            return False
-        pairs = (<dict>salts).items()
-    for label, h in pairs:
+    if pairs is not None:
+        wheres = []
+        for label, _ in pairs:
+            r = labels.get(label)
+            if r is None:
+                r = label_of(label)
+            wheres.append(r)
+        _layout = (salts_text, tuple([off for _, off in pairs]), tuple(wheres))
+        tp = <const char*>PyUnicode_DATA(salts_text)
+        for k, (_, off) in enumerate(pairs):
+            if not _commit_one(a, events, tp + <Py_ssize_t>off, wheres[k], dig):
+                return False
+        return True
+    salts = _json_loads(salts_text)
+    if type(salts) is not dict:
+        return False
+    for label, h in (<dict>salts).items():
         if type(h) is not str or not PyUnicode_IS_ASCII(h) or PyUnicode_GET_LENGTH(h) != 32:
             return False
-        hp = <const char*>PyUnicode_DATA(h)
-        for i in range(16):
-            hi = _unhex(hp[2 * i])
-            lo = _unhex(hp[2 * i + 1])
-            if hi < 0 or lo < 0:
-                return False
-            salt[i] = <unsigned char>(hi * 16 + lo)
         r = labels.get(label)
         if r is None:
             r = label_of(label)
-        idx = (<tuple>r)[0]
-        key = (<tuple>r)[1]
-        t = a if idx is None else events[idx]["attributes"]
-        tv = t[key]
-        sv = None
-        if type(tv) is dict and len(<dict>tv) == 1:
-            sv = (<dict>tv).get("s")
-        if type(sv) is not str or not _hash_text_value(salt, sv, dig):
-            v = _json_dumps(tv, option=_SORT_KEYS)
-            n = PyBytes_GET_SIZE(v)
-            vp = PyBytes_AS_STRING(v)
-            if n + 16 <= _COMMIT_STACK:
-                memcpy(stack, salt, 16)
-                memcpy(stack + 16, vp, n)
-                at_sha256(<const unsigned char*>stack, n + 16, dig)
-            else:
-                data = PyBytes_FromStringAndSize(<char*>salt, 16) + v
-                at_sha256(<const unsigned char*>PyBytes_AS_STRING(data), n + 16, dig)
-        for i in range(32):
-            hexed[2 * i] = _HEX[dig[i] >> 4]
-            hexed[2 * i + 1] = _HEX[dig[i] & 15]
-        t[key] = {"c": PyUnicode_DecodeLatin1(hexed, 64, NULL)}
+        if not _commit_one(a, events, <const char*>PyUnicode_DATA(h), r, dig):
+            return False
     return True
