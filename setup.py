@@ -9,6 +9,7 @@ NATIVE = {
     "otel_agenttape.integrity._leaf": "otel_agenttape/integrity/_leaf.pyx",
     "otel_agenttape.store._spanwalk": "otel_agenttape/store/_spanwalk.pyx",
     "otel_agenttape.receiver._wirecount": "otel_agenttape/receiver/_wirecount.pyx",
+    "otel_agenttape.tape._sealed_entries": "otel_agenttape/tape/_sealed_entries.pyx",
 }
 
 

@@ -19,6 +19,7 @@ MODULES = {
     "otel_agenttape.capture._sealing": "the sealing processor's common step",
     "otel_agenttape.store._spanwalk": "OTLP span conversion in the receiver",
     "otel_agenttape.receiver._wirecount": "counting a request's spans before decoding it",
+    "otel_agenttape.tape._sealed_entries": "leaf hashes of stored rows (verify)",
 }
 
 

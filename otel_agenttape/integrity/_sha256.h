@@ -25,7 +25,7 @@ static at_sha256_update_fn at_sha256_update_p = NULL;
 static at_sha256_final_fn at_sha256_final_p = NULL;
 
 /* 1 when libcrypto's SHA-256 functions were found (call once, after `import hashlib`). */
-static int at_sha256_available(void) {
+static inline int at_sha256_available(void) {
     static const char *names[] = {"libcrypto.so.3", "libcrypto.so.1.1", "libcrypto.3.dylib", "libcrypto.dylib", NULL};
     int i;
     if (at_sha256_final_p != NULL)
@@ -50,12 +50,12 @@ static int at_sha256_available(void) {
 /* A SHA-256 fed in pieces (init, update..., final); only after at_sha256_available() returned 1.
  * SHA256_CTX is 112 bytes in OpenSSL 1.1 and 3.x; room to spare, aligned for its words. */
 typedef struct { unsigned long long w[32]; } at_sha_ctx;
-static void at_ctx_init(at_sha_ctx *c) { at_sha256_init_p(c->w); }
-static void at_ctx_update(at_sha_ctx *c, const void *d, size_t n) { at_sha256_update_p(c->w, d, n); }
-static void at_ctx_final(at_sha_ctx *c, unsigned char *out) { at_sha256_final_p(out, c->w); }
+static inline void at_ctx_init(at_sha_ctx *c) { at_sha256_init_p(c->w); }
+static inline void at_ctx_update(at_sha_ctx *c, const void *d, size_t n) { at_sha256_update_p(c->w, d, n); }
+static inline void at_ctx_final(at_sha_ctx *c, unsigned char *out) { at_sha256_final_p(out, c->w); }
 
 /* out = SHA-256(data[0:len]); only after at_sha256_available() returned 1. */
-static void at_sha256(const unsigned char *data, size_t len, unsigned char *out) {
+static inline void at_sha256(const unsigned char *data, size_t len, unsigned char *out) {
     at_sha_ctx ctx;
     at_ctx_init(&ctx);
     at_ctx_update(&ctx, data, len);
@@ -71,9 +71,9 @@ typedef struct {
     unsigned char buf[AT_HW_BUF];
 } at_hw;
 
-static void at_hw_init(at_hw *w) { at_ctx_init(&w->ctx); w->m = 0; }
+static inline void at_hw_init(at_hw *w) { at_ctx_init(&w->ctx); w->m = 0; }
 
-static void at_hw_put(at_hw *w, const void *d, size_t n) {
+static inline void at_hw_put(at_hw *w, const void *d, size_t n) {
     if (w->m + n > AT_HW_BUF) {
         at_ctx_update(&w->ctx, w->buf, w->m);
         w->m = 0;
@@ -86,7 +86,7 @@ static void at_hw_put(at_hw *w, const void *d, size_t n) {
     w->m += n;
 }
 
-static void at_hw_final(at_hw *w, unsigned char *out) {
+static inline void at_hw_final(at_hw *w, unsigned char *out) {
     if (w->m) at_ctx_update(&w->ctx, w->buf, w->m);
     at_ctx_final(&w->ctx, out);
 }
@@ -97,7 +97,7 @@ static void at_hw_final(at_hw *w, unsigned char *out) {
 static const char at_hexd[] = "0123456789abcdef";
 static unsigned char at_esc_kind[256];
 
-static void at_esc_init(void) {
+static inline void at_esc_init(void) {
     int c;
     if (at_esc_kind[0]) return;
     for (c = 0; c < 32; c++) at_esc_kind[c] = 'u';
@@ -106,7 +106,7 @@ static void at_esc_init(void) {
     at_esc_kind['"'] = '"'; at_esc_kind['\\'] = '\\';
 }
 
-static void at_hw_escaped(at_hw *w, const unsigned char *p, size_t n) {
+static inline void at_hw_escaped(at_hw *w, const unsigned char *p, size_t n) {
     size_t i = 0, run;
     unsigned char e[6];
     at_esc_init();
@@ -132,16 +132,16 @@ static void at_hw_escaped(at_hw *w, const unsigned char *p, size_t n) {
 #else
 
 typedef struct { unsigned long long w[32]; } at_sha_ctx;
-static int at_sha256_available(void) { return 0; }
-static void at_ctx_init(at_sha_ctx *c) { (void)c; }
-static void at_ctx_update(at_sha_ctx *c, const void *d, size_t n) { (void)c; (void)d; (void)n; }
-static void at_ctx_final(at_sha_ctx *c, unsigned char *out) { (void)c; (void)out; }
-static void at_sha256(const unsigned char *data, size_t len, unsigned char *out) { (void)data; (void)len; (void)out; }
+static inline int at_sha256_available(void) { return 0; }
+static inline void at_ctx_init(at_sha_ctx *c) { (void)c; }
+static inline void at_ctx_update(at_sha_ctx *c, const void *d, size_t n) { (void)c; (void)d; (void)n; }
+static inline void at_ctx_final(at_sha_ctx *c, unsigned char *out) { (void)c; (void)out; }
+static inline void at_sha256(const unsigned char *data, size_t len, unsigned char *out) { (void)data; (void)len; (void)out; }
 typedef struct { at_sha_ctx ctx; size_t m; } at_hw;
-static void at_hw_init(at_hw *w) { (void)w; }
-static void at_hw_put(at_hw *w, const void *d, size_t n) { (void)w; (void)d; (void)n; }
-static void at_hw_final(at_hw *w, unsigned char *out) { (void)w; (void)out; }
-static void at_hw_escaped(at_hw *w, const unsigned char *p, size_t n) { (void)w; (void)p; (void)n; }
+static inline void at_hw_init(at_hw *w) { (void)w; }
+static inline void at_hw_put(at_hw *w, const void *d, size_t n) { (void)w; (void)d; (void)n; }
+static inline void at_hw_final(at_hw *w, unsigned char *out) { (void)w; (void)out; }
+static inline void at_hw_escaped(at_hw *w, const unsigned char *p, size_t n) { (void)w; (void)p; (void)n; }
 
 #endif
 #endif

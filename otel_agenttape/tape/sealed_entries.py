@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from otel_agenttape import semconv
+from otel_agenttape import native, semconv
 from otel_agenttape.integrity import chain as _chain
 from otel_agenttape.integrity.chain import link_from_leaf_hash, sha256_digest
 from otel_agenttape.integrity.leaf import LEAF_V1, LEAF_VERSION, split_label
@@ -34,6 +34,10 @@ _native_sha256 = _chain._native_sha256  # libcrypto called directly (None where 
 # the compiled twin of the salts loop below (integrity/_chain.pyx), where built
 _native_commit = getattr(_chain._native, "commit_salts", None) if _chain._native is not None else None
 _HEX = frozenset("0123456789abcdef")
+# the compiled twin of the fast path below (tape/_sealed_entries.pyx): each row's leaf hashed as it is read
+_streamed = native.load("otel_agenttape.tape._sealed_entries")
+if _streamed is not None and not _streamed.available():
+    _streamed = None
 
 
 class _General(Exception):
@@ -118,6 +122,7 @@ def batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[CompactEntry]:
     names = rb.schema.names
     col = {n: rb.column(i).to_pylist() for i, n in enumerate(names)}
     n = rb.num_rows
+    streamed = _streamed.batch(col, n, ev_by, lk_by) if _streamed is not None else None
     none = [None] * n
     get = col.get
     out: list[CompactEntry] = []
@@ -130,6 +135,11 @@ def batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[CompactEntry]:
             get("status_message", none), col["attributes"], get("dropped_attributes_count", none),
             get("dropped_events_count", none), get("dropped_links_count", none), get("chain_id", none),
             get("chain_seq", none), get("chain_prev", none), get("chain_hash", none), get("chain_epoch", none))):
+        if streamed is not None:
+            done = streamed[i]
+            if done is not None:  # hashed as read (the compiled twin of what follows)
+                append(done)
+                continue
         try:
             a = _loads(text) if text else {}
             pop = a.pop
