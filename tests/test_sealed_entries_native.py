@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import duckdb
 import orjson
+import pyarrow as pa
 import pytest
 from integrity_support import encode, sealed_provider
 from opentelemetry.trace import Link, SpanContext, TraceFlags
@@ -64,7 +65,10 @@ def _both(db: str):
         compiled, python = [], []
         for rb in spans.to_batches(max_chunksize=7):
             col = {n: rb.column(i).to_pylist() for i, n in enumerate(rb.schema.names)}
-            compiled += streamed.batch(col, rb.num_rows, ev_by, lk_by)
+            got, left = streamed.batch(col, rb.num_rows, ev_by, lk_by)
+            assert left == got.count(None)
+            assert streamed.batch(col, rb.num_rows, ev_by, lk_by, rb.column("attributes")) == (got, left)
+            compiled += got
             saved = sealed_entries._streamed
             sealed_entries._streamed = None
             try:
@@ -201,7 +205,9 @@ def test_odd_column_values_are_left_to_the_python_path() -> None:
     col = {"trace_id": ["t"], "span_id": ["s"], "attributes": ['{"a":{"s":"b"}}'], "name": [None], "kind": [1],
            "start_time_unix_nano": [1], "end_time_unix_nano": [2], "chain_id": ["c"], "chain_seq": [0],
            "chain_prev": ["0" * 64], "chain_hash": ["1" * 64], "chain_epoch": [None]}
-    assert streamed.batch(col, 1, {}, {}) == [None]
-    assert streamed.batch({**col, "kind": [1.5]}, 1, {}, {}) == [None]
-    assert streamed.batch({**col, "attributes": [None]}, 1, {}, {}) == [None]
-    assert streamed.batch({**col, "chain_seq": []}, 1, {}, {}) == [None]  # short columns: nothing taken
+    assert streamed.batch(col, 1, {}, {}) == ([None], 1)
+    assert streamed.batch({**col, "kind": [1.5]}, 1, {}, {}) == ([None], 1)
+    assert streamed.batch({**col, "attributes": [None]}, 1, {}, {}) == ([None], 1)
+    assert streamed.batch({**col, "chain_seq": []}, 1, {}, {}) == ([None], 1)  # short columns: nothing taken
+    assert streamed.batch(col, 1, {}, {}, pa.array([None], pa.string())) == ([None], 1)
+    assert streamed.batch(col, 1, {}, {}, pa.array([1])) == ([None], 1)  # not a string array

@@ -16,7 +16,7 @@ for such a row. ``tests/test_sealed_entries_native.py`` holds both paths equal.
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.string cimport memchr, memcmp
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t, uintptr_t
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object)
@@ -431,13 +431,15 @@ cdef bint _text_field(at_hw* w, const char* key, Py_ssize_t kn, object v):
     return True
 
 
-cdef object _row(object text, object evs, object tid, object sid, object parent, object ts, object name,
+cdef object _row(const char* ap, Py_ssize_t an, object evs, object tid, object sid, object parent, object ts, object name,
                  object kind, object start, object end, object sc, object sm, object da, object de, object dl,
                  object c_id, object c_seq, object c_prev, object c_hash, object c_ep,
                  Py_ssize_t* ko, Py_ssize_t* kn, Py_ssize_t* vo, Py_ssize_t* vn, char* kinds, Salt* salts):
     """The Merkle leaf hash of one row when its streamed leaf links to ``c_hash``, else None."""
     cdef Text a, prev
     cdef Py_ssize_t m, k, ns = 0, i
+    a.p = ap
+    a.n = an
     cdef int64_t i_da = 0, i_de = 0, i_dl = 0, i_kind = 0, i_start = 0, i_end = 0, i_sc = 0, i_seq = 0, i_ep = 0
     cdef bint seen_id = False, seen_seq = False, seen_prev = False, seen_hash = False, seen_ep = False
     cdef bint salted = False
@@ -455,8 +457,6 @@ cdef object _row(object text, object evs, object tid, object sid, object parent,
             and _int64(c_ep, &i_ep)):
         return None
     if type(c_id) is not str or type(c_hash) is not str or not _utf8(c_prev, &prev):
-        return None
-    if not _utf8(text, &a):
         return None
     m = _scan(a.p, a.n, ko, kn, vo, vn)
     if m < 0:
@@ -580,34 +580,75 @@ def available() -> bool:
     return bool(_DIRECT)
 
 
-def batch(dict col, Py_ssize_t n, object ev_by, object lk_by) -> list:
-    """For each of the ``n`` rows of the columns ``col`` (as ``batch_entries`` reads them): its compact
-    entry when its streamed leaf links to its stored chain hash, else None (the Python path's row)."""
+def batch(dict col, Py_ssize_t n, object ev_by, object lk_by, object attributes=None) -> tuple:
+    """``(entries, left)``: for each of the ``n`` rows of the columns ``col`` (as ``batch_entries`` reads
+    them), its compact entry when its streamed leaf links to its stored chain hash, else None (the
+    Python path's row), and how many were left. ``attributes``: that column as an Arrow string array,
+    read in place (else ``col["attributes"]``, a list of str)."""
     cdef Py_ssize_t ko[_MAX_KEYS]
     cdef Py_ssize_t kn[_MAX_KEYS]
     cdef Py_ssize_t vo[_MAX_KEYS]
     cdef Py_ssize_t vn[_MAX_KEYS]
     cdef char kinds[_MAX_KEYS]
     cdef Salt salts[_MAX_SALTS]
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, j, left = n
+    cdef Text t
+    cdef const int32_t* off32 = NULL
+    cdef const int64_t* off64 = NULL
+    cdef const char* data = b""
+    cdef const unsigned char* valid = NULL
+    cdef Py_ssize_t base = 0
+    cdef int64_t a0, a1
     cdef list out = [None] * n
+    cdef list texts = None
     if not _DIRECT:
-        return out
+        return out, left
+    if attributes is not None:  # the Arrow array's own buffers: validity, offsets, UTF-8 data
+        kind = str(attributes.type)
+        if kind not in ("string", "large_string") or len(attributes) < n:
+            return out, left
+        bufs = attributes.buffers()  # (held while the loop reads them)
+        if bufs[0] is not None:
+            valid = <const unsigned char*><uintptr_t>bufs[0].address
+        if kind == "string":
+            off32 = <const int32_t*><uintptr_t>bufs[1].address
+        else:
+            off64 = <const int64_t*><uintptr_t>bufs[1].address
+        if bufs[2] is not None:
+            data = <const char*><uintptr_t>bufs[2].address
+        base = attributes.offset
+    else:
+        texts = col["attributes"]
+        if len(texts) < n:
+            return out, left
     cdef list none = [None] * n
     get = col.get
-    cdef list tids = col["trace_id"], sids = col["span_id"], texts = col["attributes"], names = col["name"]
+    cdef list tids = col["trace_id"], sids = col["span_id"], names = col["name"]
     cdef list parents = get("parent_span_id", none), tss = get("trace_state", none)
     cdef list kinds_c = col["kind"], starts = col["start_time_unix_nano"], ends = col["end_time_unix_nano"]
     cdef list scs = get("status_code", none), sms = get("status_message", none)
     cdef list das = get("dropped_attributes_count", none), des = get("dropped_events_count", none)
     cdef list dls = get("dropped_links_count", none), cids = get("chain_id", none), seqs = get("chain_seq", none)
     cdef list prevs = get("chain_prev", none), hashes = get("chain_hash", none), eps = get("chain_epoch", none)
-    for lst in (tids, sids, texts, names, parents, tss, kinds_c, starts, ends, scs, sms, das, des, dls, cids, seqs,
+    for lst in (tids, sids, names, parents, tss, kinds_c, starts, ends, scs, sms, das, des, dls, cids, seqs,
                 prevs, hashes, eps):
         if len(<list>lst) < n:
-            return out
+            return out, left
     interned = {}
     for i in range(n):
+        if texts is not None:
+            if not _utf8(texts[i], &t):
+                continue
+        else:
+            j = base + i
+            if valid != NULL and not (valid[j >> 3] >> (j & 7)) & 1:
+                continue
+            if off32 != NULL:
+                a0, a1 = off32[j], off32[j + 1]
+            else:
+                a0, a1 = off64[j], off64[j + 1]
+            t.p = data + a0
+            t.n = a1 - a0
         tid = tids[i]
         sid = sids[i]
         key = (tid, sid)
@@ -616,7 +657,7 @@ def batch(dict col, Py_ssize_t n, object ev_by, object lk_by) -> list:
         evs = ev_by.get(key) if ev_by else None
         if evs is not None and type(evs) is not list:
             continue
-        lh = _row(texts[i], evs, tid, sid, parents[i], tss[i], names[i], kinds_c[i], starts[i], ends[i],
+        lh = _row(t.p, t.n, evs, tid, sid, parents[i], tss[i], names[i], kinds_c[i], starts[i], ends[i],
                   scs[i], sms[i], das[i], des[i], dls[i], cids[i], seqs[i], prevs[i], hashes[i], eps[i],
                   ko, kn, vo, vn, kinds, salts)
         if lh is None:
@@ -625,4 +666,5 @@ def batch(dict col, Py_ssize_t n, object ev_by, object lk_by) -> list:
         cid = interned.setdefault(cid, cid)
         h = hashes[i]
         out[i] = (cid, eps[i] or 0, seqs[i], prevs[i], h, h, lh, sid, tid, None, None)
-    return out
+        left -= 1
+    return out, left

@@ -120,9 +120,17 @@ def batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[CompactEntry]:
     and reasons are exactly the general path's.
     """
     names = rb.schema.names
-    col = {n: rb.column(i).to_pylist() for i, n in enumerate(names)}
     n = rb.num_rows
-    streamed = _streamed.batch(col, n, ev_by, lk_by) if _streamed is not None else None
+    streamed = None
+    if _streamed is not None and "attributes" in names:  # the compiled twin reads the texts in place
+        at = names.index("attributes")
+        col = {c: rb.column(i).to_pylist() for i, c in enumerate(names) if i != at}
+        streamed, left = _streamed.batch(col, n, ev_by, lk_by, rb.column(at))
+        if not left:
+            return streamed
+        col["attributes"] = rb.column(at).to_pylist()
+    else:
+        col = {c: rb.column(i).to_pylist() for i, c in enumerate(names)}
     none = [None] * n
     get = col.get
     out: list[CompactEntry] = []
