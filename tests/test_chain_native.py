@@ -102,3 +102,19 @@ def test_tree_append_equals_compact_range(sha_mode) -> None:
         b.append(lh)
         assert a.size == b.size and a._stack == b._stack
     assert a.root() == b.root()
+
+
+def test_tree_extend_equals_the_python_loop(sha_mode, monkeypatch) -> None:
+    from otel_agenttape.integrity import merkle
+
+    assert merkle._tree_extend is not None
+    leaves = [hashlib.sha256(i.to_bytes(4, "big")).digest() for i in range(1000)]
+    leaves[17] = b"short"  # not a hash: hashed as merkle.py hashes it
+    a = CompactRange()
+    sizes = [0, 1, 2, 3, 7, 64, 100, 300, 523]
+    for lo, hi in zip(sizes, sizes[1:] + [len(leaves)]):
+        a.extend(leaves[lo:hi])
+    monkeypatch.setattr(merkle, "_tree_extend", None)
+    b = CompactRange()
+    b.extend(leaves)
+    assert (a.size, a._stack, a.root()) == (b.size, b._stack, b.root())

@@ -162,3 +162,28 @@ def test_export_parquet_through_the_running_server(served_db, tmp_path):
     assert lake_dataset(str(tmp_path / "lake"), "spans").count_rows() == 8
     with open_reader(str(tmp_path / "lake")) as lake:
         assert lake.query("SELECT count(*) FROM runs").column(0).to_pylist() == [2]
+
+
+def test_query_batches_streams_every_row_and_survives_other_queries(tmp_path) -> None:
+    """A DuckDB reader streams a query in batches on a cursor of its own: queries made on the reader
+    between two batches neither end nor disturb the stream; a bad query is a QueryError; a store held
+    by a running writer (its gated reader) hands out the same rows."""
+    db = str(tmp_path / "b.duckdb")
+    store = Store(db)
+    store.write_traces(samples.genai_requests(n_runs=6))
+    want = store.reader().query("SELECT span_id FROM spans ORDER BY span_id").column(0).to_pylist()
+    gated = [b.num_rows for b in store.reader().query_batches("SELECT span_id FROM spans", None, rows=3)]
+    assert sum(gated) == len(want) and max(gated) <= 3
+    store.close()
+    reader = open_reader(db)
+    try:
+        got = []
+        for rb in reader.query_batches("SELECT span_id FROM spans ORDER BY span_id", None, rows=2):
+            assert rb.num_rows <= 2
+            got += rb.column(0).to_pylist()
+            assert reader.query("SELECT count(*) AS n FROM spans").column(0)[0].as_py() == len(want)
+        assert got == want and len(want) > 4
+        with pytest.raises(QueryError):
+            list(reader.query_batches("SELECT nope FROM spans"))
+    finally:
+        reader.close()

@@ -121,6 +121,25 @@ def tree_append(tree: object, lh: bytes) -> None:
     stack.append(h)
 
 
+def tree_extend(list stack, Py_ssize_t size, object leaf_hashes) -> int:
+    """``merkle.CompactRange.extend`` on its stack and size (given explicitly): each leaf hash appended
+    in order; returns the new size."""
+    cdef Py_ssize_t n = size, m
+    cdef bytes h
+    for lh in leaf_hashes:
+        if not n & 1:
+            stack.append(lh)
+        else:
+            h = _node(stack.pop(), lh)
+            m = n >> 1
+            while m & 1:
+                h = _node(stack.pop(), h)
+                m >>= 1
+            stack.append(h)
+        n += 1
+    return n
+
+
 def append_hash(chain: object, lh: bytes):
     """``Chain.append_hash``: the ``chain.Link`` of the new entry."""
     prev = chain.head

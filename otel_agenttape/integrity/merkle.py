@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from otel_agenttape import native
+
 HASH_SIZE = 32
 EMPTY_ROOT = hashlib.sha256(b"").digest()
 _sha256 = hashlib.sha256
@@ -72,6 +74,9 @@ class CompactRange:
 
     def extend(self, leaf_hashes: Sequence[bytes]) -> None:
         """``append`` each of ``leaf_hashes`` in order (one call for a batch: less overhead)."""
+        if _tree_extend is not None:  # the compiled loop (integrity/_chain.pyx), the same nodes
+            self.size = _tree_extend(self._stack, self.size, leaf_hashes)
+            return
         stack = self._stack
         push, pop = stack.append, stack.pop
         n = self.size
@@ -243,3 +248,8 @@ def verify_consistency(size1: int, size2: int, proof: Sequence[bytes], root1: by
     h2 = _chain_border_right(_chain_inner(seed, rest[:inner], mask), rest[inner:])
     if h2 != root2:
         raise ProofError("root2 does not match")
+
+
+# the compiled ``CompactRange.extend`` loop, where built (``tests/test_chain_native.py`` compares both)
+_compiled = native.load("otel_agenttape.integrity._chain")
+_tree_extend = getattr(_compiled, "tree_extend", None)

@@ -13,7 +13,7 @@ import re
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,12 @@ class Reader:
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
         raise NotImplementedError
 
+    def query_batches(self, sql: str, params: Sequence[Any] | None = None, rows: int = 65536
+                      ) -> Iterator[pa.RecordBatch]:
+        """``query`` a batch of at most ``rows`` rows at a time (a reader that can stream does: a million
+        rows are then never all in memory at once)."""
+        yield from self.query(sql, params).to_batches(max_chunksize=rows)
+
     def close(self) -> None:
         """Release the source."""
 
@@ -125,6 +131,21 @@ class ConnectionReader(Reader):
             return self.con.sql(sql, params=list(params) if params else None).to_arrow_table()
         except duckdb.Error as exc:
             raise QueryError(str(exc)) from exc
+
+    def query_batches(self, sql: str, params: Sequence[Any] | None = None, rows: int = 65536
+                      ) -> Iterator[pa.RecordBatch]:
+        """Streamed from DuckDB on a cursor of its own (another query on this reader meanwhile does not
+        end the stream)."""
+        cur = self.new_cursor()
+        try:
+            try:
+                stream = cur.sql(sql, params=list(params) if params else None).to_arrow_reader(rows)
+                for rb in stream:
+                    yield rb
+            except duckdb.Error as exc:
+                raise QueryError(str(exc)) from exc
+        finally:
+            cur.close()
 
     def close(self) -> None:
         if self._owns:

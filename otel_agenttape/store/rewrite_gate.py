@@ -127,6 +127,12 @@ class StoreReader(ConnectionReader):
             except duckdb.Error as exc:
                 raise QueryError(str(exc)) from exc
 
+    def query_batches(self, sql: str, params: Sequence[Any] | None = None, rows: int = 65536
+                      ) -> Iterator[pa.RecordBatch]:
+        """Read whole under the gate, then handed out in batches: a stream left open would hold a
+        rewrite back for as long as its consumer takes."""
+        yield from self.query(sql, params).to_batches(max_chunksize=rows)
+
     def close(self) -> None:
         with self._cursor_lock:
             self._closed = True

@@ -21,7 +21,14 @@ from otel_agenttape.integrity.chain import link_from_leaf_hash, sha256_digest
 from otel_agenttape.integrity.leaf import LEAF_V1, LEAF_VERSION, split_label
 from otel_agenttape.integrity.merkle import leaf_hash
 from otel_agenttape.integrity.verify import Entry
-from otel_agenttape.tape.sealed_rows import CompactEntry, from_compact, query_rows, row_entry, to_compact
+from otel_agenttape.tape.sealed_rows import (
+    CompactEntry,
+    from_compact,
+    query_row_batches,
+    query_rows,
+    row_entry,
+    to_compact,
+)
 
 _CHAIN_ID, _CHAIN_SEQ, _CHAIN_PREV, _CHAIN_HASH, _CHAIN_EPOCH = (
     semconv.CHAIN_ID, semconv.CHAIN_SEQ, semconv.CHAIN_PREV, semconv.CHAIN_HASH, semconv.CHAIN_EPOCH)
@@ -213,14 +220,22 @@ PARALLEL_MIN_ROWS = 200_000
 
 def iter_entries(reader: Any, where: str, params: Sequence[Any], workers: int | None = None
                  ) -> Iterator[tuple[str, int, Entry]]:
-    """``(chain_id, epoch, compact entry)`` per sealed row; large tapes use one process per core."""
-    spans, ev_by, lk_by = query_rows(reader, where, params)
+    """``(chain_id, epoch, compact entry)`` per sealed row; large tapes use one process per core.
+
+    In one process the spans are streamed from the store a batch at a time (a million-span tape's rows
+    are never all in memory at once)."""
     if workers is None:
         # On two cores the parent's own share (entries, links, Merkle tree) plus two workers
         # oversubscribe the machine, and shipping the rows costs more than it saves: one process.
         cpus = os.cpu_count() or 1
         workers = min(cpus, 4) if cpus > 2 else 1
-    if spans.num_rows < PARALLEL_MIN_ROWS or workers < 2:
+    if workers < 2:
+        batches, ev_by, lk_by = query_row_batches(reader, where, params)
+        for rb in batches:
+            yield from map(from_compact, batch_entries(rb, ev_by, lk_by))
+        return
+    spans, ev_by, lk_by = query_rows(reader, where, params)
+    if spans.num_rows < PARALLEL_MIN_ROWS:
         for rb in spans.to_batches(max_chunksize=65536):
             yield from map(from_compact, batch_entries(rb, ev_by, lk_by))
         return

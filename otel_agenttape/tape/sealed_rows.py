@@ -54,6 +54,28 @@ def query_rows(reader: Any, where: str, params: Sequence[Any]) -> tuple[Any, dic
     return spans, dict(ev_by), dict(lk_by)
 
 
+def query_row_batches(reader: Any, where: str, params: Sequence[Any], rows: int = 65536
+                      ) -> tuple[Iterator[Any], dict, dict]:
+    """``query_rows`` with the spans streamed in record batches of at most ``rows`` (the events and
+    links are read first, whole: they are few beside the spans, and the stream is the last query)."""
+    p = list(params) or None
+    sub = f"SELECT trace_id, span_id FROM spans WHERE {where}"
+    ev_by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for e in _rows(reader.query(f"SELECT {EVENT_COLS} FROM span_events e SEMI JOIN ({sub}) s "
+                                f"ON e.trace_id = s.trace_id AND e.span_id = s.span_id", p)):
+        ev_by[(e["trace_id"], e["span_id"])].append(e)
+    lk_by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for lk in _rows(reader.query(f"SELECT {LINK_COLS} FROM span_links l SEMI JOIN ({sub}) s "
+                                 f"ON l.trace_id = s.trace_id AND l.span_id = s.span_id", p)):
+        lk_by[(lk["trace_id"], lk["span_id"])].append(lk)
+    stream = getattr(reader, "query_batches", None)
+    if stream is None:  # a reader with only ``query``
+        batches = iter(reader.query(f"SELECT {SPAN_COLS} FROM spans WHERE {where}", p).to_batches(max_chunksize=rows))
+    else:
+        batches = stream(f"SELECT {SPAN_COLS} FROM spans WHERE {where}", p, rows)
+    return batches, dict(ev_by), dict(lk_by)
+
+
 def iter_rows(reader: Any, where: str = "chain_id IS NOT NULL", params: Sequence[Any] = (),
               batch_rows: int = 65536) -> Iterator[dict[str, Any]]:
     """Span rows (with ``events`` and ``links`` lists attached) selected by a ``spans`` filter."""
