@@ -43,6 +43,8 @@ def _record(run_id: str, v2: bool, n: int = 12):
                 sp.add_event("second \"e\"", {"n": i})
                 if i == 7:
                     sp.set_status(2, "failed: \"x\"\n")
+        with tracer.start_as_current_span("", attributes={semconv.NODE_TYPE: "tool"}):
+            pass  # an empty name: a null in its place is another leaf
     provider.shutdown()
     assert sealer.errors == 0
     return exporter.get_finished_spans()
@@ -86,7 +88,7 @@ def test_untouched_rows_are_hashed_as_read_and_equal_the_python_path(db) -> None
     assert sorted(python, key=repr) == sorted(general, key=repr)
     taken = [c for c in compiled if c is not None]
     # every row but the one with a link (links are left to the Python path)
-    assert len(taken) == len(compiled) - 1 == 12
+    assert len(taken) == len(compiled) - 1 == 13
     for c, p in zip(compiled, python):
         if c is not None:
             assert c == p
@@ -182,10 +184,15 @@ def test_edited_rows_are_left_to_the_python_path(db, edit) -> None:
     ("UPDATE span_events SET event_index = 1 - event_index WHERE span_id = "
      "(SELECT span_id FROM spans WHERE chain_seq = 3)"),
     "DELETE FROM span_events WHERE event_index = 1 AND span_id = (SELECT span_id FROM spans WHERE chain_seq = 3)",
+    "UPDATE spans SET chain_prev = '\u00e9' || substr(chain_prev, 2) WHERE chain_seq = 3",
+    "UPDATE spans SET name = NULL WHERE chain_seq = 3",
+    "UPDATE spans SET span_id = NULL WHERE chain_seq = 3",
 ])
 def test_edited_columns_are_left_to_the_python_path(db, sql) -> None:
     con = duckdb.connect(db)
     try:
+        con.execute("ALTER TABLE spans ALTER name DROP NOT NULL")  # an editor of the file can drop them
+        con.execute("ALTER TABLE spans ALTER span_id DROP NOT NULL")
         con.execute(sql)
     finally:
         con.close()
@@ -201,6 +208,27 @@ def test_edited_columns_are_left_to_the_python_path(db, sql) -> None:
     assert not report.valid and report.first_broken_index == 3, report.reason
 
 
+def test_an_empty_text_set_to_null_is_not_taken_for_it(db) -> None:
+    """A span sealed with an empty name whose name is then set to NULL: the leaf holds a null there,
+    so the row no longer verifies; the compiled path must not read the null as the empty name."""
+    con = duckdb.connect(db)
+    try:
+        (seq,) = con.execute("SELECT chain_seq FROM spans WHERE name = ''").fetchone()
+        con.execute("ALTER TABLE spans ALTER name DROP NOT NULL")
+        con.execute("UPDATE spans SET name = NULL WHERE name = ''")
+    finally:
+        con.close()
+    compiled, python, general = _both(db)
+    at = [i for i, p in enumerate(python) if p[2] == seq]
+    assert [compiled[i] for i in at] == [None]
+    reader = open_reader(db)
+    try:
+        (report,) = verify_store(reader)
+    finally:
+        reader.close()
+    assert not report.valid and report.first_broken_index == seq, report.reason
+
+
 def test_odd_column_values_are_left_to_the_python_path() -> None:
     col = {"trace_id": ["t"], "span_id": ["s"], "attributes": ['{"a":{"s":"b"}}'], "name": [None], "kind": [1],
            "start_time_unix_nano": [1], "end_time_unix_nano": [2], "chain_id": ["c"], "chain_seq": [0],
@@ -211,3 +239,31 @@ def test_odd_column_values_are_left_to_the_python_path() -> None:
     assert streamed.batch({**col, "chain_seq": []}, 1, {}, {}) == ([None], 1)  # short columns: nothing taken
     assert streamed.batch(col, 1, {}, {}, pa.array([None], pa.string())) == ([None], 1)
     assert streamed.batch(col, 1, {}, {}, pa.array([1])) == ([None], 1)  # not a string array
+
+
+def test_a_span_committed_with_its_events_during_a_read_is_never_read_without_them(tmp_path) -> None:
+    """The verifier starts the spans' stream before it reads the events: a span a receiver commits
+    with its events in the meantime is in neither read (a gap at worst), never a span without its
+    events (which would read as edited)."""
+    from integrity_support import encode as _encode
+
+    from otel_agenttape.store.readers import ConnectionReader
+    from otel_agenttape.tape.sealed_rows import query_row_batches
+
+    path = str(tmp_path / "race.duckdb")
+    store = Store(path)
+    store.write_traces([_encode(_record("run-r", True, n=3))])
+    store.close()
+    con = duckdb.connect(path)
+    try:
+        con.execute("CREATE TEMP TABLE hs AS SELECT * FROM spans WHERE chain_seq = 2")
+        con.execute("CREATE TEMP TABLE he AS SELECT e.* FROM span_events e JOIN hs USING (trace_id, span_id)")
+        con.execute("DELETE FROM span_events WHERE span_id IN (SELECT span_id FROM hs)")
+        con.execute("DELETE FROM spans WHERE chain_seq = 2")
+        batches, ev_by, lk_by = query_row_batches(ConnectionReader(con, owns=False), "chain_id IS NOT NULL", [])
+        con.execute("BEGIN; INSERT INTO spans SELECT * FROM hs; INSERT INTO span_events SELECT * FROM he; COMMIT")
+        entries = [e for rb in batches for e in sealed_entries.batch_entries(rb, ev_by, lk_by)]
+    finally:
+        con.close()
+    assert entries and all(e[4] == e[5] for e in entries)  # every span read hashes to its link
+    assert 2 not in {e[2] for e in entries}  # the span committed meanwhile is not in this read

@@ -35,13 +35,14 @@ def genesis_v1(chain_id: str, epoch: int = 0) -> str:
 
 
 def link_from_leaf_hash(prev: str, leaf_h: bytes) -> str:
-    """``sha256(prev || "|" || hex(leaf_h))`` as lowercase hex, from a Merkle leaf hash."""
-    return _sha256((prev + "|" + leaf_h.hex()).encode("ascii")).hexdigest()
+    """``sha256(prev || "|" || hex(leaf_h))`` as lowercase hex, from a Merkle leaf hash (a ``prev`` that
+    is not hex, as only an edited store holds, is hashed as UTF-8: a link that matches nothing, not an error)."""
+    return _sha256((prev + "|" + leaf_h.hex()).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def link_hash(prev: str, leaf: bytes) -> str:
     """The link of ``leaf`` after ``prev`` (lowercase hex): ``link_from_leaf_hash(prev, leaf_hash(leaf))``."""
-    return _sha256((prev + "|" + leaf_hash(leaf).hex()).encode("ascii")).hexdigest()
+    return _sha256((prev + "|" + leaf_hash(leaf).hex()).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class Link(NamedTuple):

@@ -175,7 +175,7 @@ cdef Py_ssize_t _scan(const char* p, Py_ssize_t n, Py_ssize_t* ko, Py_ssize_t* k
         m += 1
         if e == n - 1:
             return m
-        if p[e] != 44:
+        if e >= n or p[e] != 44:
             return -1
         i = e + 1
 
@@ -257,7 +257,7 @@ cdef bint _same_text_value(const char* p, Py_ssize_t n, object s, char tag):
 
 cdef bint _label_at(const char* k, Py_ssize_t kn, Py_ssize_t* ev, Py_ssize_t* ko, Py_ssize_t* klen) noexcept nogil:
     """``split_label``: an ``event:N:key`` label names event N's key (N in canonical decimal), any other
-    names the span's own key."""
+    names the span's own key; False for an index of more than 9 digits."""
     cdef Py_ssize_t i = 6, v = 0
     ev[0] = -1
     ko[0] = 0
@@ -267,8 +267,8 @@ cdef bint _label_at(const char* k, Py_ssize_t kn, Py_ssize_t* ev, Py_ssize_t* ko
     if not (48 <= k[6] <= 57):
         return True
     while i < kn and 48 <= k[i] <= 57:
-        if i - 6 > 9:
-            return True
+        if i - 6 >= 9:
+            return False  # an event index past any span's events: the Python path refuses it
         v = v * 10 + (k[i] - 48)
         i += 1
     if i >= kn or k[i] != 58 or (k[6] == 48 and i > 7):
@@ -315,7 +315,8 @@ cdef Py_ssize_t _salts(const char* p, Py_ssize_t n, Salt* out) noexcept nogil:
         # \"label\":\"<32 hex>\"
         if j + 40 > n or memcmp(p + j, b'\\":\\"', 5) != 0 or p[j + 37] != 92 or p[j + 38] != 34:
             return -1
-        _label_at(p + i + 2, j - i - 2, &ev, &ko, &kl)
+        if not _label_at(p + i + 2, j - i - 2, &ev, &ko, &kl):
+            return -1
         out[m].ev = ev
         out[m].key = p + i + 2 + ko
         out[m].key_n = kl
@@ -417,10 +418,11 @@ cdef bint _event(at_hw* w, dict e, Py_ssize_t idx, Salt* salts, Py_ssize_t ns, P
     return True
 
 
-cdef bint _text_field(at_hw* w, const char* key, Py_ssize_t kn, object v):
-    """``,"key":"escaped v"`` (None as the empty text, as ``x or ""`` reads it)."""
+cdef bint _text_field(at_hw* w, const char* key, Py_ssize_t kn, object v, bint none_empty):
+    """``,"key":"escaped v"``; ``none_empty``: None as the empty text, as ``x or ""`` reads it (else
+    None is the Python path's: its leaf holds a null there)."""
     cdef Text t
-    if v is None:
+    if v is None and none_empty:
         t.p = ""
         t.n = 0
     elif not _utf8(v, &t):
@@ -456,8 +458,10 @@ cdef object _row(const char* ap, Py_ssize_t an, object evs, object tid, object s
     if not (_int64(kind, &i_kind) and _int64(start, &i_start) and _int64(end, &i_end) and _int64(c_seq, &i_seq)
             and _int64(c_ep, &i_ep)):
         return None
-    if type(c_id) is not str or type(c_hash) is not str or not _utf8(c_prev, &prev):
-        return None
+    if type(c_id) is not str or type(c_hash) is not str or type(c_prev) is not str or not PyUnicode_IS_ASCII(c_prev):
+        return None  # a prev that is not hex text: the Python path says what is wrong with it
+    prev.p = <const char*>PyUnicode_DATA(c_prev)
+    prev.n = PyUnicode_GET_LENGTH(c_prev)
     m = _scan(a.p, a.n, ko, kn, vo, vn)
     if m < 0:
         return None
@@ -535,22 +539,22 @@ cdef object _row(const char* ap, Py_ssize_t an, object evs, object tid, object s
     _put(&w, '],"kind":', 9)
     _put_int(&w, i_kind)
     _put(&w, ',"links":[]', 11)
-    if not _text_field(&w, ',"name":"', 9, name):
+    if not _text_field(&w, ',"name":"', 9, name, False):
         return None
-    if not _text_field(&w, ',"parent_span_id":"', 19, parent):
+    if not _text_field(&w, ',"parent_span_id":"', 19, parent, True):
         return None
-    if not _text_field(&w, ',"span_id":"', 12, sid):
+    if not _text_field(&w, ',"span_id":"', 12, sid, False):
         return None
     _put(&w, ',"start_time_unix_nano":"', 25)
     _put_int(&w, i_start)
     _put(&w, '","status":{"code":', 19)
     _put_int(&w, i_sc)
-    if not _text_field(&w, ',"message":"', 12, sm):
+    if not _text_field(&w, ',"message":"', 12, sm, True):
         return None
     _put(&w, "}", 1)
-    if not _text_field(&w, ',"trace_id":"', 13, tid):
+    if not _text_field(&w, ',"trace_id":"', 13, tid, False):
         return None
-    if not _text_field(&w, ',"trace_state":"', 16, ts):
+    if not _text_field(&w, ',"trace_state":"', 16, ts, True):
         return None
     _put(&w, ',"v":2}' if salted else ',"v":1}', 7)
     for i in range(ns):

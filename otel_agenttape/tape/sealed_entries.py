@@ -132,7 +132,10 @@ def batch_entries(rb: Any, ev_by: dict, lk_by: dict) -> list[CompactEntry]:
     if _streamed is not None and "attributes" in names:  # the compiled twin reads the texts in place
         at = names.index("attributes")
         col = {c: rb.column(i).to_pylist() for i, c in enumerate(names) if i != at}
-        streamed, left = _streamed.batch(col, n, ev_by, lk_by, rb.column(at))
+        texts = rb.column(at)
+        if not hasattr(texts, "buffers"):  # a table's chunked column: one array
+            texts = texts.combine_chunks()
+        streamed, left = _streamed.batch(col, n, ev_by, lk_by, texts)
         if not left:
             return streamed
         col["attributes"] = rb.column(at).to_pylist()

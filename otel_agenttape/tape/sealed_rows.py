@@ -56,24 +56,36 @@ def query_rows(reader: Any, where: str, params: Sequence[Any]) -> tuple[Any, dic
 
 def query_row_batches(reader: Any, where: str, params: Sequence[Any], rows: int = 65536
                       ) -> tuple[Iterator[Any], dict, dict]:
-    """``query_rows`` with the spans streamed in record batches of at most ``rows`` (the events and
-    links are read first, whole: they are few beside the spans, and the stream is the last query)."""
+    """``query_rows`` with the spans streamed in record batches of at most ``rows``.
+
+    The spans' query is started first and its first batch taken, then the events and links are read
+    whole (they are few beside the spans): a span committed with its events while this reads is then
+    either in neither read or in both, never found without its events (a stream reads the store as it
+    was when it started)."""
     p = list(params) or None
+    stream = getattr(reader, "query_batches", None)
+    if stream is None:  # a reader with only ``query``
+        spans = iter(reader.query(f"SELECT {SPAN_COLS} FROM spans WHERE {where}", p).to_batches(max_chunksize=rows))
+    else:
+        spans = stream(f"SELECT {SPAN_COLS} FROM spans WHERE {where}", p, rows)
+    first = next(spans, None)
     sub = f"SELECT trace_id, span_id FROM spans WHERE {where}"
     ev_by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for e in _rows(reader.query(f"SELECT {EVENT_COLS} FROM span_events e SEMI JOIN ({sub}) s "
-                                f"ON e.trace_id = s.trace_id AND e.span_id = s.span_id", p)):
+                                f"ON e.trace_id = s.trace_id AND e.span_id = s.span_id "
+                                f"ORDER BY e.trace_id, e.span_id, e.event_index", p)):
         ev_by[(e["trace_id"], e["span_id"])].append(e)
     lk_by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for lk in _rows(reader.query(f"SELECT {LINK_COLS} FROM span_links l SEMI JOIN ({sub}) s "
                                  f"ON l.trace_id = s.trace_id AND l.span_id = s.span_id", p)):
         lk_by[(lk["trace_id"], lk["span_id"])].append(lk)
-    stream = getattr(reader, "query_batches", None)
-    if stream is None:  # a reader with only ``query``
-        batches = iter(reader.query(f"SELECT {SPAN_COLS} FROM spans WHERE {where}", p).to_batches(max_chunksize=rows))
-    else:
-        batches = stream(f"SELECT {SPAN_COLS} FROM spans WHERE {where}", p, rows)
-    return batches, dict(ev_by), dict(lk_by)
+
+    def batches() -> Iterator[Any]:
+        if first is not None:
+            yield first
+            yield from spans
+
+    return batches(), dict(ev_by), dict(lk_by)
 
 
 def iter_rows(reader: Any, where: str = "chain_id IS NOT NULL", params: Sequence[Any] = (),
