@@ -187,3 +187,24 @@ def test_query_batches_streams_every_row_and_survives_other_queries(tmp_path) ->
             list(reader.query_batches("SELECT nope FROM spans"))
     finally:
         reader.close()
+
+
+def test_submit_runs_a_query_beside_the_caller_with_the_same_answer(tmp_path) -> None:
+    """``submit`` gives the table ``query`` gives (from a reader thread, on a cursor of its own, for a
+    DuckDB file; in the caller for a store a writer holds), and a bad query's error when asked."""
+    db = str(tmp_path / "s.duckdb")
+    store = Store(db)
+    store.write_traces(samples.genai_requests(n_runs=3))
+    sql = "SELECT span_id, name FROM spans ORDER BY span_id"
+    gated = store.reader()
+    assert gated.submit(sql).result().to_pylist() == gated.query(sql).to_pylist()
+    store.close()
+    reader = open_reader(db)
+    try:
+        futures = [reader.submit(sql) for _ in range(6)]
+        direct = reader.query(sql).to_pylist()
+        assert direct and all(f.result(timeout=30).to_pylist() == direct for f in futures)
+        with pytest.raises(QueryError):
+            reader.submit("SELECT nope FROM spans").result(timeout=30)
+    finally:
+        reader.close()

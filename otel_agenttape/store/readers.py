@@ -14,6 +14,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,17 @@ class Reader:
         rows are then never all in memory at once)."""
         yield from self.query(sql, params).to_batches(max_chunksize=rows)
 
+    def submit(self, sql: str, params: Sequence[Any] | None = None) -> Future[pa.Table]:
+        """``query`` started now, its table (or error) in the future returned: a reader that can run
+        queries side by side does (a rebuild reads a trace's spans while its events are being read);
+        this one runs it before returning."""
+        fut: Future[pa.Table] = Future()
+        try:
+            fut.set_result(self.query(sql, params))
+        except Exception as exc:  # noqa: BLE001 - handed to whoever asks for the result
+            fut.set_exception(exc)
+        return fut
+
     def close(self) -> None:
         """Release the source."""
 
@@ -147,9 +159,40 @@ class ConnectionReader(Reader):
         finally:
             cur.close()
 
+    def submit(self, sql: str, params: Sequence[Any] | None = None) -> Future[pa.Table]:
+        """Run on a cursor of its own in a reader thread (DuckDB lets go of the GIL while it runs): the
+        caller goes on meanwhile. A lake with registered datasets runs it here (a cursor would register
+        them again)."""
+        if self.registered:
+            return Reader.submit(self, sql, params)
+        cur = self.new_cursor()
+
+        def run() -> pa.Table:
+            try:
+                return cur.sql(sql, params=list(params) if params else None).to_arrow_table()
+            except duckdb.Error as exc:
+                raise QueryError(str(exc)) from exc
+            finally:
+                cur.close()
+
+        return _read_pool().submit(run)
+
     def close(self) -> None:
         if self._owns:
             self.con.close()
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _read_pool() -> ThreadPoolExecutor:
+    """The threads ``ConnectionReader.submit`` runs queries on (made on first use, shared by readers)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agenttape-read")
+        return _POOL
 
 
 class HttpReader(Reader):

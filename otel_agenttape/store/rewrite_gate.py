@@ -18,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from otel_agenttape.store.readers import ConnectionReader, QueryError, StoreError
+from otel_agenttape.store.readers import ConnectionReader, QueryError, Reader, StoreError
 
 READ_WAIT_SECONDS = 50.0  # inside the 60 s a CLI's HttpReader waits for an answer
 READ_DRAIN_SECONDS = 30.0
@@ -132,6 +133,11 @@ class StoreReader(ConnectionReader):
         """Read whole under the gate, then handed out in batches: a stream left open would hold a
         rewrite back for as long as its consumer takes."""
         yield from self.query(sql, params).to_batches(max_chunksize=rows)
+
+    def submit(self, sql: str, params: Sequence[Any] | None = None) -> Future[pa.Table]:
+        """Run here, under the gate (``Reader.submit``): a cursor's query in another thread would not
+        hold a rewrite back."""
+        return Reader.submit(self, sql, params)
 
     def close(self) -> None:
         with self._cursor_lock:

@@ -12,7 +12,7 @@ import glob
 import json
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -106,13 +106,38 @@ def _source(reader: Reader, table: str, column: str | None, values: Sequence[str
     return f"{sql} AS {table}" if sql else table
 
 
+def _missing(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "does not exist" in text or "not found" in text or "no files found" in text
+
+
+def _started(reader: Reader, sql: str, params: Sequence[Any], optional: bool = False
+             ) -> Callable[[], list[dict[str, Any]]]:
+    """The rows of a query started now (``submit``: side by side with what the caller reads next, on a
+    reader that can), asked for later; ``optional``: a table the store may not have reads as empty."""
+    submit = getattr(reader, "submit", None)
+    if submit is None:
+        return lambda: (_optional_rows if optional else _rows)(reader, sql, params)
+    fut = submit(sql, list(params))
+
+    def rows() -> list[dict[str, Any]]:
+        try:
+            table = fut.result()
+        except Exception as exc:
+            if optional and _missing(exc):
+                return []
+            raise
+        return table.to_pylist() if hasattr(table, "to_pylist") else list(table)
+
+    return rows
+
+
 def _optional_rows(reader: Reader, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
     """Rows of a table a store may not have (older lakes without log records)."""
     try:
         return _rows(reader, sql, params)
     except Exception as exc:  # noqa: BLE001 - a missing table reads as empty, anything else raises
-        text = str(exc).lower()
-        if "does not exist" in text or "not found" in text or "no files found" in text:
+        if _missing(exc):
             return []
         raise
 
@@ -277,6 +302,16 @@ def child_traces(reader: Reader, parent_run_ids: Sequence[str], linked_traces: S
     found: Windows = {}
     after = "" if since_ns is None else " AND start_time_unix_nano >= ?"
     bound = [] if since_ns is None else [since_ns - WINDOW_SLACK_NS]
+    linking_of = None
+    if linked_traces:  # read side by side with the parent-run lookup, on readers that can
+        day = "" if since_ns is None else " AND date >= CAST(? AS DATE)"
+        day_bound = [] if since_ns is None else [_iso_day(since_ns - WINDOW_SLACK_NS)]
+        linking_of = _started(
+            reader,
+            f"SELECT DISTINCT trace_id FROM span_links WHERE {_match('linked_trace_id', linked_traces)}{day}",
+            [*linked_traces, *day_bound],
+            optional=True,
+        )
     if parent_run_ids:
         lake = lake_run_traces(reader)
         if lake is not None:
@@ -288,15 +323,8 @@ def child_traces(reader: Reader, parent_run_ids: Sequence[str], linked_traces: S
                 f"WHERE {_match('parent_run_id', parent_run_ids)}{after} GROUP BY trace_id",
                 [*parent_run_ids, *bound],
             )))
-    if linked_traces:
-        day = "" if since_ns is None else " AND date >= CAST(? AS DATE)"
-        day_bound = [] if since_ns is None else [_iso_day(since_ns - WINDOW_SLACK_NS)]
-        rows = _optional_rows(
-            reader,
-            f"SELECT DISTINCT trace_id FROM span_links WHERE {_match('linked_trace_id', linked_traces)}{day}",
-            [*linked_traces, *day_bound],
-        )
-        linking = sorted({r["trace_id"] for r in rows} - set(found))
+    if linking_of is not None:
+        linking = sorted({r["trace_id"] for r in linking_of()} - set(found))
         found.update(trace_windows(reader, linking))
     return found
 
@@ -352,6 +380,16 @@ def load_traces(reader: Reader, windows: Windows, into: TraceSet | None = None, 
         span_params += [lo, hi]
         event_params += [lo, hi]
     where = span_where
+    # the events (and links, log records) are read side by side with the spans, on readers that can
+    events_of = _started(
+        reader,
+        "SELECT trace_id, span_id, event_index, time_unix_nano, name, CAST(attributes AS VARCHAR) AS attributes "
+        f"FROM {_source(reader, 'span_events', 'trace_id', ids)} WHERE {event_where} "
+        "ORDER BY trace_id, span_id, event_index",
+        event_params,
+    )
+    links_of = _started(reader, *_links_query(reader, ids), optional=True) if links else None
+    logs_of = _started(reader, *_logs_query(reader, ids), optional=True) if logs else None
     new: dict[tuple[str, str], SpanRow] = {}
     for r in _rows(reader, f"SELECT {SPAN_COLUMNS} FROM {_source(reader, 'spans', 'trace_id', ids)} WHERE {where}",
                    span_params):
@@ -376,14 +414,7 @@ def load_traces(reader: Reader, windows: Windows, into: TraceSet | None = None, 
             scope_name=r["scope_name"],
         )
         new[row.key] = row
-    events = _rows(
-        reader,
-        "SELECT trace_id, span_id, event_index, time_unix_nano, name, CAST(attributes AS VARCHAR) AS attributes "
-        f"FROM {_source(reader, 'span_events', 'trace_id', ids)} WHERE {event_where} "
-        "ORDER BY trace_id, span_id, event_index",
-        event_params,
-    )
-    for e in events:
+    for e in events_of():
         span = new.get((e["trace_id"], e["span_id"]))
         if span is not None:
             span.events.append(
@@ -399,23 +430,31 @@ def load_traces(reader: Reader, windows: Windows, into: TraceSet | None = None, 
             mark_erased(span)
     ts.spans.update(new)
     ts.trace_ids.update(ids)
-    if links:
-        load_links(reader, ids, ts)
-    if logs:
-        load_logs(reader, ids, ts)
+    if links_of is not None:
+        _attach_links(links_of(), ts)
+    if logs_of is not None:
+        _attach_logs(logs_of(), ts)
     return ts
+
+
+def _links_query(reader: Reader, ids: Sequence[str]) -> tuple[str, list[Any]]:
+    return ("SELECT trace_id, span_id, link_index, linked_trace_id, linked_span_id "
+            f"FROM {_source(reader, 'span_links', 'trace_id', ids)} WHERE {_match('trace_id', ids)} "
+            "ORDER BY trace_id, span_id, link_index", list(ids))
+
+
+def _logs_query(reader: Reader, ids: Sequence[str]) -> tuple[str, list[Any]]:
+    return ("SELECT trace_id, span_id, time_unix_nano, event_name, CAST(body AS VARCHAR) AS body, "
+            f"CAST(attributes AS VARCHAR) AS attributes FROM {_source(reader, 'log_records', 'trace_id', ids)} "
+            f"WHERE {_match('trace_id', ids)} ORDER BY time_unix_nano", list(ids))
 
 
 def load_links(reader: Reader, ids: Sequence[str], ts: TraceSet) -> None:
     """Attach span links to the loaded spans of these traces."""
-    where = _match("trace_id", ids)
-    links = _optional_rows(
-        reader,
-        "SELECT trace_id, span_id, link_index, linked_trace_id, linked_span_id "
-        f"FROM {_source(reader, 'span_links', 'trace_id', ids)} WHERE {where} "
-        "ORDER BY trace_id, span_id, link_index",
-        ids,
-    )
+    _attach_links(_optional_rows(reader, *_links_query(reader, ids)), ts)
+
+
+def _attach_links(links: list[dict[str, Any]], ts: TraceSet) -> None:
     for link in links:
         span = ts.spans.get((link["trace_id"], link["span_id"]))
         if span is not None:
@@ -424,14 +463,10 @@ def load_links(reader: Reader, ids: Sequence[str], ts: TraceSet) -> None:
 
 def load_logs(reader: Reader, ids: Sequence[str], ts: TraceSet) -> None:
     """Attach the log records correlated with the loaded spans of these traces."""
-    where = _match("trace_id", ids)
-    logs = _optional_rows(
-        reader,
-        "SELECT trace_id, span_id, time_unix_nano, event_name, CAST(body AS VARCHAR) AS body, "
-        f"CAST(attributes AS VARCHAR) AS attributes FROM {_source(reader, 'log_records', 'trace_id', ids)} "
-        f"WHERE {where} ORDER BY time_unix_nano",
-        ids,
-    )
+    _attach_logs(_optional_rows(reader, *_logs_query(reader, ids)), ts)
+
+
+def _attach_logs(logs: list[dict[str, Any]], ts: TraceSet) -> None:
     for log in logs:
         span = ts.spans.get((log["trace_id"], log["span_id"] or ""))
         if span is None:
