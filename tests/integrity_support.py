@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -51,3 +51,30 @@ def otlp_json(req: Any) -> bytes:
 
 def encode(spans: Iterable[Any]) -> Any:
     return encode_spans(list(spans))
+
+
+def edit_store(db: str, sql: str, params: Sequence[Any] = ()) -> None:
+    """Run one statement on a store file (a test's tampering)."""
+    import duckdb
+
+    con = duckdb.connect(db)
+    try:
+        con.execute(sql, list(params))
+    finally:
+        con.close()
+
+
+def stored_attributes(db: str, seq: int) -> dict:
+    """The stored typed attributes of the span at chain seq ``seq``."""
+    import duckdb
+
+    con = duckdb.connect(db, read_only=True)
+    try:
+        (text,) = con.execute("SELECT attributes FROM spans WHERE chain_seq = ?", [seq]).fetchone()
+    finally:
+        con.close()
+    return orjson.loads(text)
+
+
+def set_stored_attributes(db: str, seq: int, text: str) -> None:
+    edit_store(db, "UPDATE spans SET attributes = ? WHERE chain_seq = ?", [text, seq])

@@ -18,7 +18,7 @@ import pytest
 import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from integrity_support import encode, sealed_provider
+from integrity_support import edit_store, encode, sealed_provider, set_stored_attributes, stored_attributes
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -235,27 +235,6 @@ def test_untouched_rows_take_the_fast_path_and_match_the_general_path(db, monkey
     assert len(calls) == 1  # only the span whose astral key sorts differently in UTF-16
 
 
-def _edit(db: str, sql: str, params=()) -> None:
-    con = duckdb.connect(db)
-    try:
-        con.execute(sql, list(params))
-    finally:
-        con.close()
-
-
-def _attrs_of(db: str, seq: int) -> dict:
-    con = duckdb.connect(db, read_only=True)
-    try:
-        (text,) = con.execute("SELECT attributes FROM spans WHERE chain_seq = ?", [seq]).fetchone()
-    finally:
-        con.close()
-    return orjson.loads(text)
-
-
-def _set_attrs(db: str, seq: int, text: str) -> None:
-    _edit(db, "UPDATE spans SET attributes = ? WHERE chain_seq = ?", [text, seq])
-
-
 EDITS = {
     "value edited": lambda a: (a.__setitem__("payload", {"s": "forged"}), orjson.dumps(a).decode())[1],
     "keys reversed (same content)": lambda a: orjson.dumps(dict(reversed(list(a.items())))).decode(),
@@ -275,7 +254,7 @@ EDITS = {
 @pytest.mark.parametrize("edit", list(EDITS), ids=list(EDITS))
 def test_edited_rows_give_the_general_path_findings(db, edit) -> None:
     seq = 3
-    _set_attrs(db, seq, EDITS[edit](_attrs_of(db, seq)))
+    set_stored_attributes(db, seq, EDITS[edit](stored_attributes(db, seq)))
     fast, general, reports = _entries_both_ways(db)
     assert fast == general
     undetectable = "(same content)" in edit or edit == "extra chain key"  # agenttape.chain.* is not hashed
@@ -297,7 +276,7 @@ def test_edited_rows_give_the_general_path_findings(db, edit) -> None:
     "UPDATE span_events SET event_index = 1 - event_index WHERE span_id = (SELECT span_id FROM spans WHERE chain_seq = 2)",
 ])
 def test_edited_columns_give_the_general_path_findings(db, sql) -> None:
-    _edit(db, sql)
+    edit_store(db, sql)
     fast, general, reports = _entries_both_ways(db)
     assert fast == general
     assert not reports[0].valid
@@ -351,7 +330,7 @@ def db_v2(tmp_path):
 def test_v2_rows_take_the_fast_path_and_match_the_general_path(db_v2, monkeypatch) -> None:
     fast, general, reports = _entries_both_ways(db_v2)
     assert fast == general and len(fast) == 7 and reports[0].valid
-    salted = _attrs_of(db_v2, 2)[semconv.CHAIN_SALTS]["s"]
+    salted = stored_attributes(db_v2, 2)[semconv.CHAIN_SALTS]["s"]
     assert set(orjson.loads(salted)) == {semconv.GEN_AI_INPUT_MESSAGES, f"event:0:{semconv.EVENT_SEGMENT}"}
     calls = []
     real = sealed_entries.row_entry
@@ -386,7 +365,7 @@ V2_EDITS = {
 @pytest.mark.parametrize("edit", list(V2_EDITS), ids=list(V2_EDITS))
 def test_edited_v2_rows_give_the_general_path_findings(db_v2, edit) -> None:
     seq = 3
-    _set_attrs(db_v2, seq, V2_EDITS[edit](_attrs_of(db_v2, seq)))
+    set_stored_attributes(db_v2, seq, V2_EDITS[edit](stored_attributes(db_v2, seq)))
     fast, general, reports = _entries_both_ways(db_v2)
     assert fast == general
     assert not reports[0].valid and reports[0].first_broken_index == seq, reports[0].reason

@@ -12,7 +12,7 @@ import duckdb
 import orjson
 import pyarrow as pa
 import pytest
-from integrity_support import encode, sealed_provider
+from integrity_support import encode, sealed_provider, set_stored_attributes, stored_attributes
 from opentelemetry.trace import Link, SpanContext, TraceFlags
 
 from otel_agenttape import semconv
@@ -92,26 +92,9 @@ def test_untouched_rows_are_hashed_as_read_and_equal_the_python_path(db) -> None
     for c, p in zip(compiled, python):
         if c is not None:
             assert c == p
-    salted = orjson.loads(_attrs(db, 2).get(semconv.CHAIN_SALTS, {"s": "{}"})["s"])
+    salted = orjson.loads(stored_attributes(db, 2).get(semconv.CHAIN_SALTS, {"s": "{}"})["s"])
     if salted:  # v2: the span's messages and the event's text are salted, and still hashed as read
         assert f"event:0:{semconv.EVENT_SEGMENT}" in salted and semconv.GEN_AI_INPUT_MESSAGES in salted
-
-
-def _attrs(db: str, seq: int) -> dict:
-    con = duckdb.connect(db, read_only=True)
-    try:
-        (text,) = con.execute("SELECT attributes FROM spans WHERE chain_seq = ?", [seq]).fetchone()
-    finally:
-        con.close()
-    return orjson.loads(text)
-
-
-def _set_attrs(db: str, seq: int, text: str) -> None:
-    con = duckdb.connect(db)
-    try:
-        con.execute("UPDATE spans SET attributes = ? WHERE chain_seq = ?", [text, seq])
-    finally:
-        con.close()
 
 
 def _salts_text(a: dict, fn) -> str:
@@ -150,10 +133,10 @@ V2_EDITS = {
 @pytest.mark.parametrize("edit", [*EDITS, *V2_EDITS])
 def test_edited_rows_are_left_to_the_python_path(db, edit) -> None:
     seq = 3
-    a = _attrs(db, seq)
+    a = stored_attributes(db, seq)
     if edit in V2_EDITS and semconv.CHAIN_SALTS not in a:
         pytest.skip("a v2 edit")
-    _set_attrs(db, seq, (EDITS.get(edit) or V2_EDITS[edit])(a))
+    set_stored_attributes(db, seq, (EDITS.get(edit) or V2_EDITS[edit])(a))
     compiled, python, general = _both(db)
     at = [i for i, p in enumerate(python) if p[2] == seq]
     assert [compiled[i] for i in at] == [None]  # the compiled path vouches only for bytes it reproduced

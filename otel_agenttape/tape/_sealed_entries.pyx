@@ -188,8 +188,8 @@ cdef inline void _put(at_hw* w, const char* s, Py_ssize_t n) noexcept nogil:
     at_hw_put(w, <const void*>s, <size_t>n)
 
 
-cdef void _put_int(at_hw* w, int64_t v) noexcept nogil:
-    cdef char buf[24]
+cdef int _digits(int64_t v, char* buf) noexcept nogil:
+    """``v`` in decimal at the end of the 24-byte ``buf``; returns where it starts."""
     cdef int i = 24
     cdef unsigned long long u
     cdef bint neg = v < 0
@@ -203,6 +203,12 @@ cdef void _put_int(at_hw* w, int64_t v) noexcept nogil:
     if neg:
         i -= 1
         buf[i] = 45
+    return i
+
+
+cdef void _put_int(at_hw* w, int64_t v) noexcept nogil:
+    cdef char buf[24]
+    cdef int i = _digits(v, buf)
     at_hw_put(w, buf + i, 24 - i)
 
 
@@ -221,19 +227,7 @@ cdef bint _int64(object v, int64_t* out):
 cdef bint _same_int_value(const char* p, Py_ssize_t n, int64_t v):
     """Is ``p[0:n]`` the typed int ``{"i":"<v>"}`` as the store writes it?"""
     cdef char buf[24]
-    cdef int i = 24
-    cdef unsigned long long u
-    cdef bint neg = v < 0
-    u = <unsigned long long>(-(v + 1)) + 1 if neg else <unsigned long long>v
-    while True:
-        i -= 1
-        buf[i] = <char>(48 + u % 10)
-        u //= 10
-        if u == 0:
-            break
-    if neg:
-        i -= 1
-        buf[i] = 45
+    cdef int i = _digits(v, buf)
     return (n == 24 - i + 8 and memcmp(p, b'{"i":"', 6) == 0 and memcmp(p + 6, buf + i, 24 - i) == 0
             and p[n - 2] == 34 and p[n - 1] == 125)
 

@@ -42,16 +42,22 @@ def query_rows(reader: Any, where: str, params: Sequence[Any]) -> tuple[Any, dic
     spans = reader.query(f"SELECT {SPAN_COLS} FROM spans WHERE {where}", p)
     if spans.num_rows == 0:
         return spans, {}, {}
+    return (spans, *_events_and_links(reader, where, p))
+
+
+def _events_and_links(reader: Any, where: str, p: list[Any] | None) -> tuple[dict, dict]:
+    """The events (in their order) and links of the spans ``where`` selects, by ``(trace_id, span_id)``."""
     sub = f"SELECT trace_id, span_id FROM spans WHERE {where}"
     ev_by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for e in _rows(reader.query(f"SELECT {EVENT_COLS} FROM span_events e SEMI JOIN ({sub}) s "
-                                f"ON e.trace_id = s.trace_id AND e.span_id = s.span_id", p)):
+                                f"ON e.trace_id = s.trace_id AND e.span_id = s.span_id "
+                                f"ORDER BY e.trace_id, e.span_id, e.event_index", p)):
         ev_by[(e["trace_id"], e["span_id"])].append(e)
     lk_by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for lk in _rows(reader.query(f"SELECT {LINK_COLS} FROM span_links l SEMI JOIN ({sub}) s "
                                  f"ON l.trace_id = s.trace_id AND l.span_id = s.span_id", p)):
         lk_by[(lk["trace_id"], lk["span_id"])].append(lk)
-    return spans, dict(ev_by), dict(lk_by)
+    return dict(ev_by), dict(lk_by)
 
 
 def query_row_batches(reader: Any, where: str, params: Sequence[Any], rows: int = 65536
@@ -69,23 +75,14 @@ def query_row_batches(reader: Any, where: str, params: Sequence[Any], rows: int 
     else:
         spans = stream(f"SELECT {SPAN_COLS} FROM spans WHERE {where}", p, rows)
     first = next(spans, None)
-    sub = f"SELECT trace_id, span_id FROM spans WHERE {where}"
-    ev_by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for e in _rows(reader.query(f"SELECT {EVENT_COLS} FROM span_events e SEMI JOIN ({sub}) s "
-                                f"ON e.trace_id = s.trace_id AND e.span_id = s.span_id "
-                                f"ORDER BY e.trace_id, e.span_id, e.event_index", p)):
-        ev_by[(e["trace_id"], e["span_id"])].append(e)
-    lk_by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for lk in _rows(reader.query(f"SELECT {LINK_COLS} FROM span_links l SEMI JOIN ({sub}) s "
-                                 f"ON l.trace_id = s.trace_id AND l.span_id = s.span_id", p)):
-        lk_by[(lk["trace_id"], lk["span_id"])].append(lk)
+    ev_by, lk_by = _events_and_links(reader, where, p)
 
     def batches() -> Iterator[Any]:
         if first is not None:
             yield first
             yield from spans
 
-    return batches(), dict(ev_by), dict(lk_by)
+    return batches(), ev_by, lk_by
 
 
 def iter_rows(reader: Any, where: str = "chain_id IS NOT NULL", params: Sequence[Any] = (),
