@@ -208,3 +208,29 @@ def test_submit_runs_a_query_beside_the_caller_with_the_same_answer(tmp_path) ->
             reader.submit("SELECT nope FROM spans").result(timeout=30)
     finally:
         reader.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_submit_works_in_a_forked_child_after_the_parent_used_it(tmp_path) -> None:
+    """A child forked after its parent ran queries side by side makes reader threads of its own (the
+    parent's are not there to run them)."""
+    db = str(tmp_path / "f.duckdb")
+    store = Store(db)
+    store.write_traces(samples.genai_requests(n_runs=1))
+    store.close()
+    code = textwrap.dedent(f"""
+        import os, sys
+        from otel_agenttape.store.reader import open_reader
+        r = open_reader({db!r})
+        n = r.submit("SELECT count(*) AS n FROM spans").result(timeout=30).column(0)[0].as_py()
+        r.close()
+        pid = os.fork()
+        if pid == 0:
+            r = open_reader({db!r})
+            m = r.submit("SELECT count(*) AS n FROM spans").result(timeout=30).column(0)[0].as_py()
+            os._exit(0 if m == n else 3)
+        _, status = os.waitpid(pid, 0)
+        sys.exit(os.waitstatus_to_exitcode(status))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -195,6 +195,16 @@ def _read_pool() -> ThreadPoolExecutor:
         return _POOL
 
 
+def _forget_pool() -> None:
+    """In a forked child the pool's threads are gone: the child makes its own on first use."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 class HttpReader(Reader):
     """Queries a running ``agenttape serve`` through ``POST /api/query``."""
 
