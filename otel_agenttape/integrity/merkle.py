@@ -30,6 +30,8 @@ class ProofError(ValueError):
 _PIECE = 2040
 _KEEP_GIL = 64 * 1024
 _LEAF_PREFIX = _sha256(b"\x00")
+# the compiled ``CompactRange.extend`` loop, where built (``tests/test_chain_native.py`` compares both)
+_tree_extend = getattr(native.load("otel_agenttape.integrity._chain"), "tree_extend", None)
 
 
 def leaf_hash(leaf: bytes) -> bytes:
@@ -249,7 +251,3 @@ def verify_consistency(size1: int, size2: int, proof: Sequence[bytes], root1: by
     if h2 != root2:
         raise ProofError("root2 does not match")
 
-
-# the compiled ``CompactRange.extend`` loop, where built (``tests/test_chain_native.py`` compares both)
-_compiled = native.load("otel_agenttape.integrity._chain")
-_tree_extend = getattr(_compiled, "tree_extend", None)

@@ -438,7 +438,7 @@ cdef object _row(const char* ap, Py_ssize_t an, object evs, object tid, object s
     a.n = an
     cdef int64_t i_da = 0, i_de = 0, i_dl = 0, i_kind = 0, i_start = 0, i_end = 0, i_sc = 0, i_seq = 0, i_ep = 0
     cdef bint seen_id = False, seen_seq = False, seen_prev = False, seen_hash = False, seen_ep = False
-    cdef bint salted = False
+    cdef bint salted = False, ok
     cdef const char* kp
     cdef Py_ssize_t kl
     cdef at_hw w
@@ -468,34 +468,24 @@ cdef object _row(const char* ap, Py_ssize_t an, object evs, object tid, object s
         kp += 16
         kl -= 16
         if _is(kp, kl, "id", 2):
-            seen_id = _same_text_value(a.p + vo[k], vn[k], c_id, 115)
-            if not seen_id:
-                return None
+            ok = seen_id = _same_text_value(a.p + vo[k], vn[k], c_id, 115)
         elif _is(kp, kl, "seq", 3):
-            seen_seq = _same_int_value(a.p + vo[k], vn[k], i_seq)
-            if not seen_seq:
-                return None
+            ok = seen_seq = _same_int_value(a.p + vo[k], vn[k], i_seq)
         elif _is(kp, kl, "prev", 4):
-            seen_prev = _same_text_value(a.p + vo[k], vn[k], c_prev, 115)
-            if not seen_prev:
-                return None
+            ok = seen_prev = _same_text_value(a.p + vo[k], vn[k], c_prev, 115)
         elif _is(kp, kl, "hash", 4):
-            seen_hash = _same_text_value(a.p + vo[k], vn[k], c_hash, 115)
-            if not seen_hash:
-                return None
+            ok = seen_hash = _same_text_value(a.p + vo[k], vn[k], c_hash, 115)
         elif _is(kp, kl, "epoch", 5):
-            seen_ep = _same_int_value(a.p + vo[k], vn[k], i_ep)
-            if not seen_ep:
-                return None
+            ok = seen_ep = _same_int_value(a.p + vo[k], vn[k], i_ep)
         elif _is(kp, kl, "salts", 5):
             ns = _salts(a.p + vo[k], vn[k], salts)
-            if ns < 0:
-                return None
-            salted = True
-        elif _is(kp, kl, "erased", 6):
-            return None  # erased values are entered as commitments: the Python path
-        else:
-            continue
+            ok = salted = ns >= 0
+        else:  # agenttape.chain.erased: erased values are entered as commitments, the Python path's work
+            ok = not _is(kp, kl, "erased", 6)
+            if ok:
+                continue  # another agenttape.chain.* key: part of the leaf
+        if not ok:
+            return None
         kinds[k] = _DROP
     if not (seen_id and seen_seq and seen_prev and seen_hash) or (not seen_ep and i_ep != 0):
         return None
