@@ -107,7 +107,8 @@ def test_tree_append_equals_compact_range(sha_mode) -> None:
 def test_tree_extend_equals_the_python_loop(sha_mode, monkeypatch) -> None:
     from otel_agenttape.integrity import merkle
 
-    assert merkle._tree_extend is not None
+    if merkle._tree_extend is None:
+        pytest.skip("compiled paths turned off (AGENTTAPE_NO_NATIVE) or not built")
     leaves = [hashlib.sha256(i.to_bytes(4, "big")).digest() for i in range(1000)]
     leaves[17] = b"short"  # not a hash: hashed as merkle.py hashes it
     a = CompactRange()
