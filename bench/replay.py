@@ -213,16 +213,17 @@ def split(reader, fn, repeat: int) -> tuple[float, float, int]:
     """Where one rebuild's time goes: (median ms inside the store's queries, median ms of the rest,
     queries a rebuild runs), measured on rebuilds of their own after the timed ones."""
     spent: list[float] = []
-    query = reader.query
 
-    def timed(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return query(*args, **kwargs)
-        finally:
-            spent.append(time.perf_counter() - start)
+    def timed(method):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent.append(time.perf_counter() - start)
+        return run
 
-    reader.query = timed
+    reader.query, reader.rows = timed(reader.query), timed(reader.rows)
     try:
         sql, rest, count = [], [], 0
         for _ in range(repeat):
@@ -234,7 +235,7 @@ def split(reader, fn, repeat: int) -> tuple[float, float, int]:
             rest.append((total - sum(spent)) * 1000)
             count = len(spent)
     finally:
-        del reader.query
+        del reader.query, reader.rows
     return statistics.median(sql), statistics.median(rest), count
 
 

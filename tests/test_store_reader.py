@@ -210,6 +210,43 @@ def test_submit_runs_a_query_beside_the_caller_with_the_same_answer(tmp_path) ->
         reader.close()
 
 
+def test_rows_are_the_query_rows_from_every_thread_and_a_bad_query_is_a_query_error(tmp_path) -> None:
+    """``rows`` (a lookup's rows, fetched without an Arrow table) gives what ``query(...).to_pylist()``
+    gives for the lookups a rebuild makes (text, integers, NULLs, parameters), from a DuckDB file read by
+    several threads at once and from a store a writer holds (under its gate)."""
+    import threading
+
+    db = str(tmp_path / "r.duckdb")
+    store = Store(db)
+    store.write_traces(samples.genai_requests(n_runs=4))
+    sql = ("SELECT trace_id, span_id, parent_span_id, kind, start_time_unix_nano, run_id, "
+           "CAST(attributes AS VARCHAR) AS attributes FROM spans WHERE start_time_unix_nano >= ? ORDER BY span_id")
+    gated = store.reader()
+    want = gated.query(sql, [0]).to_pylist()
+    assert len(want) > 4 and any(r["parent_span_id"] is None for r in want)
+    assert gated.rows(sql, [0]) == want
+    store.close()
+    reader = open_reader(db)
+    try:
+        assert reader.rows(sql, [0]) == want
+        assert reader.rows(sql, [2**62]) == []
+        got: list = []
+
+        def read() -> None:
+            got.append(reader.rows(sql, [0]))
+
+        threads = [threading.Thread(target=read) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(got) == 6 and all(g == want for g in got)
+        with pytest.raises(QueryError):
+            reader.rows("SELECT nope FROM spans")
+    finally:
+        reader.close()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 def test_submit_works_in_a_forked_child_after_the_parent_used_it(tmp_path) -> None:
     """A child forked after its parent ran queries side by side makes reader threads of its own (the

@@ -87,6 +87,11 @@ class Reader:
         rows are then never all in memory at once)."""
         yield from self.query(sql, params).to_batches(max_chunksize=rows)
 
+    def rows(self, sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        """A small result as one dict a row (a lookup's few rows): a reader that can skips the Arrow
+        table in between. Scalar columns read as in ``query(...).to_pylist()``."""
+        return self.query(sql, params).to_pylist()
+
     def submit(self, sql: str, params: Sequence[Any] | None = None) -> Future[pa.Table]:
         """``query`` started now, its table (or error) in the future returned: a reader that can run
         queries side by side does (a rebuild reads a trace's spans while its events are being read);
@@ -143,6 +148,22 @@ class ConnectionReader(Reader):
             return self.con.sql(sql, params=list(params) if params else None).to_arrow_table()
         except duckdb.Error as exc:
             raise QueryError(str(exc)) from exc
+
+    def rows(self, sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        """Fetched as Python rows on a cursor of its own: DuckDB's relation and Arrow result (what
+        ``query`` makes) cost about as much again as a lookup of a run on a million-span store
+        (``bench/replay.py``: 1.1 ms against 2.0 for the run index, 2.4 against 3.0 for a trace's spans)."""
+        if self.registered:
+            return Reader.rows(self, sql, params)
+        cur = self.new_cursor()
+        try:
+            cur.execute(sql, list(params) if params else None)
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r)) for r in cur.fetchall()]
+        except duckdb.Error as exc:
+            raise QueryError(str(exc)) from exc
+        finally:
+            cur.close()
 
     def query_batches(self, sql: str, params: Sequence[Any] | None = None, rows: int = 65536
                       ) -> Iterator[pa.RecordBatch]:

@@ -128,6 +128,11 @@ class StoreReader(ConnectionReader):
             except duckdb.Error as exc:
                 raise QueryError(str(exc)) from exc
 
+    def rows(self, sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        """On a cursor of its own, under the gate (a rewrite waits for it)."""
+        with self._store.gate.reading():
+            return ConnectionReader.rows(self, sql, params)
+
     def query_batches(self, sql: str, params: Sequence[Any] | None = None, rows: int = 65536
                       ) -> Iterator[pa.RecordBatch]:
         """Read whole under the gate, then handed out in batches: a stream left open would hold a

@@ -78,6 +78,9 @@ class TraceSet:
 
 
 def _rows(reader: Reader, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    rows = getattr(reader, "rows", None)  # a reader that fetches rows without an Arrow table does
+    if rows is not None:
+        return rows(sql, list(params))
     table = reader.query(sql, list(params))
     if hasattr(table, "to_pylist"):
         return table.to_pylist()
