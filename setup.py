@@ -10,6 +10,7 @@ NATIVE = {
     "otel_agenttape.store._spanwalk": "otel_agenttape/store/_spanwalk.pyx",
     "otel_agenttape.receiver._wirecount": "otel_agenttape/receiver/_wirecount.pyx",
     "otel_agenttape.tape._sealed_entries": "otel_agenttape/tape/_sealed_entries.pyx",
+    "otel_agenttape.codec._otlp_encode": "otel_agenttape/codec/_otlp_encode.pyx",
 }
 
 

@@ -20,6 +20,7 @@ MODULES = {
     "otel_agenttape.store._spanwalk": "OTLP span conversion in the receiver",
     "otel_agenttape.receiver._wirecount": "counting a request's spans before decoding it",
     "otel_agenttape.tape._sealed_entries": "leaf hashes of stored rows (verify)",
+    "otel_agenttape.codec._otlp_encode": "OTLP span encoding in the exporters",
 }
 
 

@@ -45,6 +45,10 @@ def assert_same(spans) -> None:
     sdk = encode_spans(spans).SerializeToString()
     assert ExportTraceServiceRequest.FromString(ours) == ExportTraceServiceRequest.FromString(sdk)
     assert ours == sdk
+    compiled = otlp_encode.native_module
+    if compiled is not None:  # the compiled twin writes each span as the reference does
+        for s in spans:
+            assert compiled.encode_span(s) == otlp_encode.encode_span(s)
 
 
 def test_a_capture_model_span_encodes_like_the_sdk():
@@ -94,6 +98,8 @@ def test_values_that_compare_equal_keep_their_own_types():
 def test_a_key_with_ever_changing_values_stops_growing_the_cache():
     spans = [span({"agenttape.chain.hash": f"{i:064x}"}, span_id=i + 1) for i in range(200)]
     assert_same(spans)
+    for s in spans:  # the reference encoder keeps the cache (the compiled twin needs none)
+        otlp_encode.encode_span(s)
     assert len(otlp_encode._str_cache["agenttape.chain.hash"]) <= otlp_encode._CACHE_PER_KEY
 
 
@@ -103,6 +109,40 @@ def test_unencodable_attributes_are_skipped_like_the_sdk_does(caplog):
         assert_same([span(attrs)])
     decoded = ExportTraceServiceRequest.FromString(encode_trace_request([span(attrs)]))
     assert [kv.key for kv in decoded.resource_spans[0].scope_spans[0].spans[0].attributes] == ["ok", "after"]
+
+
+def test_the_compiled_twin_hands_odd_values_to_the_reference_and_logs_what_it_logs(caplog):
+    """Values the compiled encoder leaves to the reference (text UTF-8 cannot hold, an int beyond int64,
+    a set, a str or int subclass, a non-ASCII key, a mapping with a non-text key, deep nesting) come
+    out as the reference and the SDK write them, with the same log lines; and the requests use the
+    compiled encoder wherever it is built."""
+    import enum
+
+    from otel_agenttape import native
+
+    class Color(enum.IntEnum):
+        RED = 3
+
+    class Name(str):
+        pass
+
+    attrs = {"ok": "yes", "surrogate": "bad \ud800 text", "huge": -(1 << 64), "a set": [{1, 2}],
+             "enum": Color.RED, "sub": Name("x"), "clé": "v", "ключ": ["ü", 2.5], "": "no key",
+             "int keys": {1: "a"}, "deep": [[["x", {"k": [None, b"\x01"]}]]], "neg": -1, "after": 2}
+    compiled = otlp_encode.native_module
+    if native.DISABLED or compiled is None:
+        assert otlp_encode._encode_span is otlp_encode.encode_span
+        assert_same([span(attrs)])
+        return
+    assert otlp_encode._encode_span is compiled.encode_span
+    with caplog.at_level(logging.ERROR):
+        reference = otlp_encode.encode_span(span(attrs))
+    logged = [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        assert compiled.encode_span(span(attrs)) == reference
+    assert [r.getMessage() for r in caplog.records] == logged and len(logged) == 3
+    assert_same([span(attrs), span(attrs, span_id=2, events=[Event("e", attrs, timestamp=9)])])
 
 
 def test_nested_values_bytes_and_none():

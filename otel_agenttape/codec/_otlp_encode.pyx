@@ -1,0 +1,430 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Compiled twin of ``codec.otlp_encode.encode_span``: one SDK span as ``Span`` protobuf bytes.
+
+The reference module writes each field as a Python ``bytes`` piece and joins them; here the same
+fields are written, in the same order, into one growing C buffer. Attribute values of the plain kinds
+(``str``, ``bool``, ``int`` within int64, ``float``, ``bytes``, ``None``) are written here; any other
+value (lists, mappings, subclasses, an int out of range, a string UTF-8 cannot hold) and any span link
+are handed to the reference functions that ``configure`` names, so whatever they write, log or skip
+is what this writes, logs or skips. ``tests/test_codec_otlp_encode.py`` encodes the same spans with
+both and with the SDK's encoder.
+
+State: only what ``configure`` sets (the span-kind numbers and the two reference functions).
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_Next
+from cpython.object cimport PyObject
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_COMPACT_ASCII(object s)
+    void* PyUnicode_DATA(object s)
+    Py_ssize_t PyUnicode_GET_LENGTH(object s)
+    long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
+    double PyFloat_AS_DOUBLE(object o)
+
+cdef dict _KIND = None
+cdef object _attributes_ref = None  # otlp_encode._attributes(mapping, tag) -> list[bytes]
+cdef object _link_ref = None  # otlp_encode._link(link) -> bytes
+
+
+def configure(kinds: dict, attributes: object, link: object) -> None:
+    """The span-kind numbers and the reference functions for what this leaves to them."""
+    global _KIND, _attributes_ref, _link_ref
+    _KIND = kinds
+    _attributes_ref = attributes
+    _link_ref = link
+
+
+cdef struct Buf:
+    char* p
+    Py_ssize_t n
+    Py_ssize_t cap
+
+
+cdef int _grow(Buf* b, Py_ssize_t need) except -1:
+    cdef Py_ssize_t cap = b.cap * 2 if b.cap else 4096
+    cdef char* p
+    while cap < b.n + need:
+        cap *= 2
+    p = <char*>realloc(b.p, cap)
+    if p == NULL:
+        raise MemoryError()
+    b.p = p
+    b.cap = cap
+    return 0
+
+
+cdef inline int _put(Buf* b, const char* s, Py_ssize_t n) except -1:
+    if n <= 0:
+        return 0
+    if b.n + n > b.cap:
+        _grow(b, n)
+    memcpy(b.p + b.n, s, n)
+    b.n += n
+    return 0
+
+
+cdef inline int _byte(Buf* b, unsigned char c) except -1:
+    if b.n + 1 > b.cap:
+        _grow(b, 1)
+    b.p[b.n] = <char>c
+    b.n += 1
+    return 0
+
+
+cdef inline Py_ssize_t _vsize(uint64_t v) noexcept nogil:
+    cdef Py_ssize_t n = 1
+    while v >= 128:
+        v >>= 7
+        n += 1
+    return n
+
+
+cdef inline int _varint(Buf* b, uint64_t v) except -1:
+    if b.n + 10 > b.cap:
+        _grow(b, 10)
+    while v >= 128:
+        b.p[b.n] = <char>((v & 0x7F) | 0x80)
+        b.n += 1
+        v >>= 7
+    b.p[b.n] = <char>v
+    b.n += 1
+    return 0
+
+
+cdef inline int _fixed64(Buf* b, uint64_t v) except -1:
+    cdef int i
+    if b.n + 8 > b.cap:
+        _grow(b, 8)
+    for i in range(8):
+        b.p[b.n + i] = <char>((v >> (8 * i)) & 0xFF)
+    b.n += 8
+    return 0
+
+
+cdef inline int _fixed32(Buf* b, uint32_t v) except -1:
+    cdef int i
+    if b.n + 4 > b.cap:
+        _grow(b, 4)
+    for i in range(4):
+        b.p[b.n + i] = <char>((v >> (8 * i)) & 0xFF)
+    b.n += 4
+    return 0
+
+
+cdef inline int _big_endian(Buf* b, object value, int width) except -1:
+    """An id (an int of ``width`` bytes) big-endian, as ``int.to_bytes(width, "big")``."""
+    data = value.to_bytes(width, "big")
+    _put(b, PyBytes_AS_STRING(data), width)
+    return 0
+
+
+cdef inline int _text_field(Buf* b, unsigned char tag, object text) except -1:
+    """``tag`` + length + the UTF-8 of ``text`` (a str; UnicodeEncodeError as ``str.encode`` raises it)."""
+    cdef Py_ssize_t n
+    if type(text) is str and PyUnicode_IS_COMPACT_ASCII(text):
+        n = PyUnicode_GET_LENGTH(text)
+        _byte(b, tag)
+        _varint(b, n)
+        _put(b, <const char*>PyUnicode_DATA(text), n)
+        return 0
+    data = text.encode("utf-8")
+    n = PyBytes_GET_SIZE(data)
+    _byte(b, tag)
+    _varint(b, n)
+    _put(b, PyBytes_AS_STRING(data), n)
+    return 0
+
+
+cdef int _pieces(Buf* b, object pieces) except -1:
+    for piece in pieces:
+        _put(b, PyBytes_AS_STRING(piece), PyBytes_GET_SIZE(piece))
+    return 0
+
+
+cdef int _any_value(Buf* out, object value) except -1:
+    """An ``AnyValue`` body into ``out``, as ``otlp_encode._any_value`` writes it; 1 (and ``out`` left
+    as it was) for a value this leaves to the reference: another type, an int out of int64, text that
+    UTF-8 cannot hold."""
+    cdef Py_ssize_t mark = out.n
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* k
+    cdef PyObject* v
+    cdef Buf child
+    cdef int overflow = 0
+    cdef long long iv
+    cdef double dv
+    cdef uint64_t bits
+    cls = type(value)
+    if value is None:
+        return 0
+    if cls is str:
+        try:
+            _text_field(out, 0x0A, value)
+        except UnicodeEncodeError:
+            out.n = mark
+            return 1
+        return 0
+    if cls is bool:
+        _byte(out, 0x10)
+        _byte(out, 1 if value else 0)
+        return 0
+    if cls is int:
+        iv = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if overflow:
+            return 1
+        _byte(out, 0x18)
+        _varint(out, <uint64_t>iv)
+        return 0
+    if cls is float:
+        dv = PyFloat_AS_DOUBLE(value)
+        memcpy(&bits, &dv, 8)
+        _byte(out, 0x21)
+        _fixed64(out, bits)
+        return 0
+    if cls is bytes:
+        _byte(out, 0x3A)
+        _varint(out, PyBytes_GET_SIZE(value))
+        _put(out, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+        return 0
+    if cls is not list and cls is not tuple and cls is not dict:
+        return 1
+    child.p = NULL
+    child.n = child.cap = 0
+    try:
+        if cls is dict:  # a kvlist: each entry a KeyValue
+            while PyDict_Next(value, &pos, &k, &v):
+                if type(<object>k) is not str or _key_value(&child, <object>k, <object>v):
+                    out.n = mark
+                    return 1
+            _byte(out, 0x32)
+        else:  # an array: each item an AnyValue
+            for item in value:
+                if _nested_value(&child, 0x0A, item):
+                    out.n = mark
+                    return 1
+            _byte(out, 0x2A)
+        _varint(out, child.n)
+        _put(out, child.p, child.n)
+        return 0
+    finally:
+        free(child.p)
+
+
+cdef int _nested_value(Buf* out, unsigned char tag, object value) except -1:
+    """``tag`` + length + ``value``'s ``AnyValue``; 1 as ``_any_value``."""
+    cdef Buf body
+    body.p = NULL
+    body.n = body.cap = 0
+    try:
+        if _any_value(&body, value):
+            return 1
+        _byte(out, tag)
+        _varint(out, body.n)
+        _put(out, body.p, body.n)
+        return 0
+    finally:
+        free(body.p)
+
+
+cdef int _key_value(Buf* out, object key, object value) except -1:
+    """A ``KeyValue`` as a repeated field (tag 1) of a kvlist; 1 as ``_any_value``."""
+    cdef Buf body
+    body.p = NULL
+    body.n = body.cap = 0
+    try:
+        if key:
+            try:
+                _text_field(&body, 0x0A, key)
+            except UnicodeEncodeError:
+                return 1
+        if _nested_value(&body, 0x12, value):
+            return 1
+        _byte(out, 0x0A)
+        _varint(out, body.n)
+        _put(out, body.p, body.n)
+        return 0
+    finally:
+        free(body.p)
+
+
+cdef int _attribute(Buf* b, unsigned char tag, object key, object value) except -1:
+    """One attribute as a repeated ``KeyValue`` field under ``tag``."""
+    cdef const char* kp
+    cdef Py_ssize_t kn, vn, av_len, kv_len
+    cdef const char* vp = NULL
+    cdef Buf av
+    if type(key) is not str or not PyUnicode_IS_COMPACT_ASCII(key):
+        _pieces(b, _attributes_ref({key: value}, bytes((tag,))))
+        return 0
+    kp = <const char*>PyUnicode_DATA(key)
+    kn = PyUnicode_GET_LENGTH(key)
+    if type(value) is str and PyUnicode_IS_COMPACT_ASCII(value):  # most values: written in place
+        vp = <const char*>PyUnicode_DATA(value)
+        vn = PyUnicode_GET_LENGTH(value)
+        av_len = 1 + _vsize(vn) + vn
+        kv_len = (1 + _vsize(kn) + kn if kn else 0) + 1 + _vsize(av_len) + av_len
+        _byte(b, tag)
+        _varint(b, kv_len)
+        if kn:
+            _byte(b, 0x0A)
+            _varint(b, kn)
+            _put(b, kp, kn)
+        _byte(b, 0x12)
+        _varint(b, av_len)
+        _byte(b, 0x0A)
+        _varint(b, vn)
+        _put(b, vp, vn)
+        return 0
+    av.p = NULL
+    av.n = av.cap = 0
+    try:
+        if _any_value(&av, value):  # the reference writes it, or logs and skips it
+            _pieces(b, _attributes_ref({key: value}, bytes((tag,))))
+            return 0
+        kv_len = (1 + _vsize(kn) + kn if kn else 0) + 1 + _vsize(av.n) + av.n
+        _byte(b, tag)
+        _varint(b, kv_len)
+        if kn:
+            _byte(b, 0x0A)
+            _varint(b, kn)
+            _put(b, kp, kn)
+        _byte(b, 0x12)
+        _varint(b, av.n)
+        _put(b, av.p, av.n)
+        return 0
+    finally:
+        free(av.p)
+
+
+cdef int _attributes(Buf* b, unsigned char tag, object attributes) except -1:
+    cdef Py_ssize_t pos = 0
+    cdef PyObject* k
+    cdef PyObject* v
+    if not attributes:
+        return 0
+    if type(attributes) is not dict:
+        # the SDK's BoundedAttributes (a span's, an event's) and a mappingproxy hand out a plain dict
+        # copy in C (``copy()``); walking them as a Mapping costs a Python call and a lock per key
+        copy = getattr(attributes, "copy", None)
+        plain = copy() if copy is not None else None
+        if type(plain) is dict:
+            attributes = plain
+    if type(attributes) is dict:
+        while PyDict_Next(attributes, &pos, &k, &v):
+            _attribute(b, tag, <object>k, <object>v)
+        return 0
+    for key, value in attributes.items():
+        _attribute(b, tag, key, value)
+    return 0
+
+
+cdef int _nested(Buf* b, unsigned char tag, Buf* body) except -1:
+    """``tag`` + length + ``body``."""
+    _byte(b, tag)
+    _varint(b, body.n)
+    _put(b, body.p, body.n)
+    return 0
+
+
+cdef int _event(Buf* b, object event, Buf* scratch) except -1:
+    scratch.n = 0
+    ts = event.timestamp
+    if ts:
+        _byte(scratch, 0x09)
+        _fixed64(scratch, <uint64_t>ts)
+    name = event.name
+    if name:
+        _text_field(scratch, 0x12, name)
+    _attributes(scratch, 0x1A, event.attributes)
+    dropped = event.dropped_attributes
+    if dropped:
+        _byte(scratch, 0x20)
+        _varint(scratch, <uint64_t>dropped)
+    _nested(b, 0x5A, scratch)
+    return 0
+
+
+cdef int _status(Buf* b, object status, Buf* scratch) except -1:
+    if status is None:
+        return 0
+    scratch.n = 0
+    description = status.description
+    if description:
+        _text_field(scratch, 0x12, description)
+    code = status.status_code.value
+    if code:
+        _byte(scratch, 0x18)
+        _varint(scratch, <uint64_t>code)
+    _nested(b, 0x7A, scratch)
+    return 0
+
+
+def encode_span(span: object) -> bytes:
+    """One ``Span`` message body from an SDK ``ReadableSpan`` (what ``otlp_encode.encode_span`` writes)."""
+    cdef Buf b
+    cdef Buf scratch
+    cdef uint32_t flags
+    b.p = NULL
+    b.n = b.cap = 0
+    scratch.p = NULL
+    scratch.n = scratch.cap = 0
+    try:
+        _grow(&b, 4096)
+        ctx = span.get_span_context()
+        _put(&b, b"\x0a\x10", 2)
+        _big_endian(&b, ctx.trace_id, 16)
+        _put(&b, b"\x12\x08", 2)
+        _big_endian(&b, ctx.span_id, 8)
+        trace_state = ctx.trace_state
+        if trace_state:
+            _text_field(&b, 0x1A, ",".join([f"{k}={v}" for k, v in trace_state.items()]))
+        parent = span.parent
+        if parent:
+            _put(&b, b"\x22\x08", 2)
+            _big_endian(&b, parent.span_id, 8)
+        name = span.name
+        if name:
+            _text_field(&b, 0x2A, name)
+        _byte(&b, 0x30)
+        _byte(&b, <unsigned char>(<int>_KIND[span.kind]))
+        start = span.start_time
+        if start:
+            _byte(&b, 0x39)
+            _fixed64(&b, <uint64_t>start)
+        end = span.end_time
+        if end:
+            _byte(&b, 0x41)
+            _fixed64(&b, <uint64_t>end)
+        _attributes(&b, 0x4A, span.attributes)
+        dropped = span.dropped_attributes
+        if dropped:
+            _byte(&b, 0x50)
+            _varint(&b, <uint64_t>dropped)
+        for event in span.events:
+            _event(&b, event, &scratch)
+        dropped = span.dropped_events
+        if dropped:
+            _byte(&b, 0x60)
+            _varint(&b, <uint64_t>dropped)
+        for link in span.links:
+            data = _link_ref(link)
+            _put(&b, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+        dropped = span.dropped_links
+        if dropped:
+            _byte(&b, 0x70)
+            _varint(&b, <uint64_t>dropped)
+        _status(&b, span.status, &scratch)
+        flags = 0x100
+        if parent is not None and parent.is_remote:
+            flags |= 0x200
+        _put(&b, b"\x85\x01", 2)
+        _fixed32(&b, flags)
+        return PyBytes_FromStringAndSize(b.p, b.n)
+    finally:
+        free(b.p)
+        free(scratch.p)
