@@ -149,7 +149,7 @@ def _one_message(item: dict[str, Any], default_role: str) -> Message:
     name = item.get("name")
     finish = item.get("finish_reason")
     if "parts" in item and isinstance(item["parts"], list):
-        parts = [_part(parse_any_json(p)) for p in item["parts"] if isinstance(parse_any_json(p), dict)]
+        parts = [_part(p) for p in map(parse_any_json, item["parts"]) if isinstance(p, dict)]
         return Message(role=role, parts=parts, name=name, finish_reason=finish)
     # OpenAI chat shape
     parts: list[dict[str, Any]] = []

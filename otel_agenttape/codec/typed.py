@@ -226,7 +226,8 @@ def attrs_to_python(attrs: Mapping[str, Typed] | str | bytes | None) -> dict[str
         return {}
     if isinstance(attrs, (str, bytes)):
         attrs = orjson.loads(attrs)
-    return {k: to_python(v) for k, v in attrs.items()}
+    # text, most values, read in place: ``to_python`` would read it first too
+    return {k: v["s"] if type(v) is dict and "s" in v else to_python(v) for k, v in attrs.items()}
 
 
 def dumps(attrs: Mapping[str, Typed]) -> str:

@@ -167,7 +167,8 @@ def _status(span: SpanRow) -> str:
     return {1: "ok", 2: "error"}.get(span.status_code, "unset")
 
 
-def _base(span: SpanRow, node_type: str) -> Node:
+def _base(span: SpanRow, node_type: str, ordered: list[dict[str, Any]] | None = None) -> Node:
+    """The fields every node has; ``ordered``: the span's events in order, when the caller has them."""
     a = span.attrs
     return Node(
         node_type=node_type,
@@ -186,7 +187,8 @@ def _base(span: SpanRow, node_type: str) -> Node:
         step=_int(a.get(sc.STEP)),
         truncated=truncated_keys(span),
         erased=list(span.erased),
-        events=[{"name": e["name"], "time_ns": e["time_ns"], **e["attrs"]} for e in _ordered_events(span)],
+        events=[{"name": e["name"], "time_ns": e["time_ns"], **e["attrs"]}
+                for e in (_ordered_events(span) if ordered is None else ordered)],
         attributes=dict(a),
     )
 
@@ -212,7 +214,8 @@ def _messages_of(a: dict[str, Any], genai_key: str, role: str, oi_prefix: str, l
 def model_node(span: SpanRow, *, prompt: bool = True) -> Node:
     """A model span as a node; ``prompt=False`` leaves its prompt (system, input messages, tool
     definitions) unread, for readers that compare answers only (``experiment compare``)."""
-    node = _base(span, MODEL)
+    ordered = _ordered_events(span)
+    node = _base(span, MODEL, ordered)
     details, log_inputs, log_outputs = _from_logs(span)
     a = {**details, **span.attrs}
     node.provider = _first(a, sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_SYSTEM, sc.OI_LLM_PROVIDER, sc.OI_LLM_SYSTEM)
@@ -233,7 +236,7 @@ def model_node(span: SpanRow, *, prompt: bool = True) -> Node:
         node.output_messages = found
 
     texts, reasoning = [], []
-    for e in _ordered_events(span):
+    for e in ordered:
         if e["name"] == sc.EVENT_TEXT:
             texts.append(_event_text(e))
         elif e["name"] == sc.EVENT_REASONING:

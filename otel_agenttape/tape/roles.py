@@ -30,7 +30,11 @@ def _first(a: dict[str, Any], *keys: str) -> Any:
 
 
 def _is_indexed(attrs: dict[str, Any], prefix: str) -> bool:
-    return any(k.startswith(prefix) and k[len(prefix) : len(prefix) + 1].isdigit() for k in attrs)
+    n = len(prefix)
+    for k in attrs:  # (a loop: asked of every model span's attributes, twice or more)
+        if k.startswith(prefix) and k[n : n + 1].isdigit():
+            return True
+    return False
 
 
 def convention(span: SpanRow) -> str:

@@ -51,7 +51,7 @@ def build_steps(run: Run) -> list[Step]:
     steps: list[Step] = []
 
     def add(kind: str, time_ns: int, span_id: str | None, **payload: object) -> None:
-        steps.append(Step(index=len(steps), kind=kind, time_ns=time_ns, span_id=span_id, payload=payload))
+        steps.append(Step(len(steps), kind, time_ns, span_id, payload))
 
     add("input", run.start_ns, run.span_id, messages=[m.to_json() for m in run.input])
     for n in run.nodes:
