@@ -154,7 +154,9 @@ def test_nested_values_bytes_and_none():
 scalar = st.one_of(st.text(max_size=300), st.integers(-(1 << 63), (1 << 63) - 1), st.booleans(),
                    st.floats(allow_nan=False), st.binary(max_size=40))
 values = st.one_of(scalar, st.lists(st.text(max_size=20), max_size=4).map(tuple),
-                   st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=4).map(tuple))
+                   st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=4).map(tuple),
+                   st.recursive(scalar, lambda inner: st.lists(inner, max_size=3).map(tuple)
+                                | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

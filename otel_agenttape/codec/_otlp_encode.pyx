@@ -96,23 +96,14 @@ cdef inline int _varint(Buf* b, uint64_t v) except -1:
     return 0
 
 
-cdef inline int _fixed64(Buf* b, uint64_t v) except -1:
+cdef inline int _fixed(Buf* b, uint64_t v, int width) except -1:
+    """``v`` little-endian in ``width`` bytes (fixed64, fixed32, double)."""
     cdef int i
-    if b.n + 8 > b.cap:
-        _grow(b, 8)
-    for i in range(8):
+    if b.n + width > b.cap:
+        _grow(b, width)
+    for i in range(width):
         b.p[b.n + i] = <char>((v >> (8 * i)) & 0xFF)
-    b.n += 8
-    return 0
-
-
-cdef inline int _fixed32(Buf* b, uint32_t v) except -1:
-    cdef int i
-    if b.n + 4 > b.cap:
-        _grow(b, 4)
-    for i in range(4):
-        b.p[b.n + i] = <char>((v >> (8 * i)) & 0xFF)
-    b.n += 4
+    b.n += width
     return 0
 
 
@@ -184,7 +175,7 @@ cdef int _any_value(Buf* out, object value) except -1:
         dv = PyFloat_AS_DOUBLE(value)
         memcpy(&bits, &dv, 8)
         _byte(out, 0x21)
-        _fixed64(out, bits)
+        _fixed(out, bits, 8)
         return 0
     if cls is bytes:
         _byte(out, 0x3A)
@@ -201,15 +192,13 @@ cdef int _any_value(Buf* out, object value) except -1:
                 if type(<object>k) is not str or _key_value(&child, <object>k, <object>v):
                     out.n = mark
                     return 1
-            _byte(out, 0x32)
+            _nested(out, 0x32, &child)
         else:  # an array: each item an AnyValue
             for item in value:
                 if _nested_value(&child, 0x0A, item):
                     out.n = mark
                     return 1
-            _byte(out, 0x2A)
-        _varint(out, child.n)
-        _put(out, child.p, child.n)
+            _nested(out, 0x2A, &child)
         return 0
     finally:
         free(child.p)
@@ -223,9 +212,7 @@ cdef int _nested_value(Buf* out, unsigned char tag, object value) except -1:
     try:
         if _any_value(&body, value):
             return 1
-        _byte(out, tag)
-        _varint(out, body.n)
-        _put(out, body.p, body.n)
+        _nested(out, tag, &body)
         return 0
     finally:
         free(body.p)
@@ -244,41 +231,52 @@ cdef int _key_value(Buf* out, object key, object value) except -1:
                 return 1
         if _nested_value(&body, 0x12, value):
             return 1
-        _byte(out, 0x0A)
-        _varint(out, body.n)
-        _put(out, body.p, body.n)
+        _nested(out, 0x0A, &body)
         return 0
     finally:
         free(body.p)
 
 
+cdef int _key_value_field(Buf* b, unsigned char tag, const char* kp, Py_ssize_t kn, const char* head,
+                          Py_ssize_t hn, const char* data, Py_ssize_t dn) except -1:
+    """A ``KeyValue`` as a field under ``tag``: key ``kp`` (none when empty), value ``head`` + ``data``."""
+    cdef Py_ssize_t av_len = hn + dn
+    _byte(b, tag)
+    _varint(b, (1 + _vsize(kn) + kn if kn else 0) + 1 + _vsize(av_len) + av_len)
+    if kn:
+        _byte(b, 0x0A)
+        _varint(b, kn)
+        _put(b, kp, kn)
+    _byte(b, 0x12)
+    _varint(b, av_len)
+    _put(b, head, hn)
+    _put(b, data, dn)
+    return 0
+
+
 cdef int _attribute(Buf* b, unsigned char tag, object key, object value) except -1:
     """One attribute as a repeated ``KeyValue`` field under ``tag``."""
     cdef const char* kp
-    cdef Py_ssize_t kn, vn, av_len, kv_len
-    cdef const char* vp = NULL
+    cdef Py_ssize_t kn, vn
     cdef Buf av
+    cdef unsigned char head[11]
+    cdef Py_ssize_t hn = 1
     if type(key) is not str or not PyUnicode_IS_COMPACT_ASCII(key):
         _pieces(b, _attributes_ref({key: value}, bytes((tag,))))
         return 0
     kp = <const char*>PyUnicode_DATA(key)
     kn = PyUnicode_GET_LENGTH(key)
-    if type(value) is str and PyUnicode_IS_COMPACT_ASCII(value):  # most values: written in place
-        vp = <const char*>PyUnicode_DATA(value)
+    if type(value) is str and PyUnicode_IS_COMPACT_ASCII(value):  # most values: copied once, from the str
         vn = PyUnicode_GET_LENGTH(value)
-        av_len = 1 + _vsize(vn) + vn
-        kv_len = (1 + _vsize(kn) + kn if kn else 0) + 1 + _vsize(av_len) + av_len
-        _byte(b, tag)
-        _varint(b, kv_len)
-        if kn:
-            _byte(b, 0x0A)
-            _varint(b, kn)
-            _put(b, kp, kn)
-        _byte(b, 0x12)
-        _varint(b, av_len)
-        _byte(b, 0x0A)
-        _varint(b, vn)
-        _put(b, vp, vn)
+        head[0] = 0x0A
+        while vn >= 128:  # the AnyValue's string tag and length
+            head[hn] = <unsigned char>((vn & 0x7F) | 0x80)
+            hn += 1
+            vn >>= 7
+        head[hn] = <unsigned char>vn
+        hn += 1
+        _key_value_field(b, tag, kp, kn, <const char*>head, hn, <const char*>PyUnicode_DATA(value),
+                         PyUnicode_GET_LENGTH(value))
         return 0
     av.p = NULL
     av.n = av.cap = 0
@@ -286,16 +284,7 @@ cdef int _attribute(Buf* b, unsigned char tag, object key, object value) except 
         if _any_value(&av, value):  # the reference writes it, or logs and skips it
             _pieces(b, _attributes_ref({key: value}, bytes((tag,))))
             return 0
-        kv_len = (1 + _vsize(kn) + kn if kn else 0) + 1 + _vsize(av.n) + av.n
-        _byte(b, tag)
-        _varint(b, kv_len)
-        if kn:
-            _byte(b, 0x0A)
-            _varint(b, kn)
-            _put(b, kp, kn)
-        _byte(b, 0x12)
-        _varint(b, av.n)
-        _put(b, av.p, av.n)
+        _key_value_field(b, tag, kp, kn, av.p, av.n, NULL, 0)
         return 0
     finally:
         free(av.p)
@@ -336,7 +325,7 @@ cdef int _event(Buf* b, object event, Buf* scratch) except -1:
     ts = event.timestamp
     if ts:
         _byte(scratch, 0x09)
-        _fixed64(scratch, <uint64_t>ts)
+        _fixed(scratch, <uint64_t>ts, 8)
     name = event.name
     if name:
         _text_field(scratch, 0x12, name)
@@ -395,11 +384,11 @@ def encode_span(span: object) -> bytes:
         start = span.start_time
         if start:
             _byte(&b, 0x39)
-            _fixed64(&b, <uint64_t>start)
+            _fixed(&b, <uint64_t>start, 8)
         end = span.end_time
         if end:
             _byte(&b, 0x41)
-            _fixed64(&b, <uint64_t>end)
+            _fixed(&b, <uint64_t>end, 8)
         _attributes(&b, 0x4A, span.attributes)
         dropped = span.dropped_attributes
         if dropped:
@@ -423,7 +412,7 @@ def encode_span(span: object) -> bytes:
         if parent is not None and parent.is_remote:
             flags |= 0x200
         _put(&b, b"\x85\x01", 2)
-        _fixed32(&b, flags)
+        _fixed(&b, flags, 4)
         return PyBytes_FromStringAndSize(b.p, b.n)
     finally:
         free(b.p)
