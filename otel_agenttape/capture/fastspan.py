@@ -34,8 +34,14 @@ def _all_valid(attributes: dict[str, Any]) -> bool:
     kinds = set(map(type, attributes.values()))
     if kinds <= _SCALARS:
         return True
-    return kinds <= _SCALARS_OR_TUPLE and all(
-        type(v) is not tuple or all(type(x) is str for x in v) for v in attributes.values())
+    if not kinds <= _SCALARS_OR_TUPLE:
+        return False
+    for v in attributes.values():  # (loops: asked twice a node span, with a tuple of finish reasons)
+        if type(v) is tuple:
+            for x in v:
+                if type(x) is not str:
+                    return False
+    return True
 
 
 def set_valid_attributes(span: Any, attributes: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ cdef extern from "Python.h":
     long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
     double PyFloat_AS_DOUBLE(object o)
 
+cdef object _MappingProxy = type(type.__dict__)
 cdef dict _KIND = None
 cdef object _attributes_ref = None  # otlp_encode._attributes(mapping, tag) -> list[bytes]
 cdef object _link_ref = None  # otlp_encode._link(link) -> bytes
@@ -296,9 +297,13 @@ cdef int _attributes(Buf* b, unsigned char tag, object attributes) except -1:
     cdef PyObject* v
     if not attributes:
         return 0
+    if type(attributes) is _MappingProxy:  # a ReadableSpan's: its items are walked in C
+        for key, value in attributes.items():
+            _attribute(b, tag, key, value)
+        return 0
     if type(attributes) is not dict:
-        # the SDK's BoundedAttributes (a span's, an event's) and a mappingproxy hand out a plain dict
-        # copy in C (``copy()``); walking them as a Mapping costs a Python call and a lock per key
+        # the SDK's BoundedAttributes (an event's, a live span's) hands out a plain dict copy in C
+        # (``copy()``); walking it as a Mapping costs a Python call and a lock per key
         copy = getattr(attributes, "copy", None)
         plain = copy() if copy is not None else None
         if type(plain) is dict:
