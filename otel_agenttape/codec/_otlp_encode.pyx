@@ -3,11 +3,11 @@
 
 The reference module writes each field as a Python ``bytes`` piece and joins them; here the same
 fields are written, in the same order, into one growing C buffer. Attribute values of the plain kinds
-(``str``, ``bool``, ``int`` within int64, ``float``, ``bytes``, ``None``) are written here; any other
-value (lists, mappings, subclasses, an int out of range, a string UTF-8 cannot hold) and any span link
-are handed to the reference functions that ``configure`` names, so whatever they write, log or skip
-is what this writes, logs or skips. ``tests/test_codec_otlp_encode.py`` encodes the same spans with
-both and with the SDK's encoder.
+(``str``, ``bool``, ``int`` within int64, ``float``, ``bytes``, ``None``, and tuples, lists and dicts of
+them) are written here; any other value (another type or a subclass, an int out of int64, text UTF-8
+cannot hold, a key that is not ASCII text) and any span link are handed to the reference functions
+that ``configure`` names, so whatever they write, log or skip is what this writes, logs or skips.
+``tests/test_codec_otlp_encode.py`` encodes the same spans with both and with the SDK's encoder.
 
 State: only what ``configure`` sets (the span-kind numbers and the two reference functions).
 """
@@ -15,8 +15,8 @@ State: only what ``configure`` sets (the span-kind numbers and the two reference
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Next
 from cpython.object cimport PyObject
-from libc.stdint cimport int64_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 
 cdef extern from "Python.h":
