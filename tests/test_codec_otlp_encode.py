@@ -327,3 +327,57 @@ def test_a_whole_sealed_multi_agent_tape_encodes_like_the_sdk():
     assert first.run_id
     for i in range(0, len(spans), 7):  # and in the smaller batches an export queue hands over
         assert_same(list(spans[i:i + 7]))
+
+
+def test_spans_over_the_sdk_limits_keep_their_dropped_counts_sealed_or_not():
+    """Real SDK spans past their attribute, event and link limits: the dropped counts (read from the
+    SDK's bounded holders, or through a sealed copy's properties) are written as the SDK writes them."""
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_agenttape.capture.sealed_span import SealedSpan
+    from otel_agenttape.capture.sealing import SealingSpanProcessor
+
+    limits = SpanLimits(max_span_attributes=3, max_events=2, max_links=1, max_event_attributes=1)
+    raw, sealed = InMemorySpanExporter(), InMemorySpanExporter()
+    spans = []
+    for exporter, wrap in ((raw, False), (sealed, True)):
+        provider = TracerProvider(span_limits=limits)
+        downstream = SimpleSpanProcessor(exporter)
+        provider.add_span_processor(SealingSpanProcessor(downstream) if wrap else downstream)
+        tracer = provider.get_tracer("otel_agenttape")
+        links = [Link(ctx(span_id=0x55 + i)) for i in range(3)]
+        with tracer.start_as_current_span("invoke_agent planner", attributes={"agenttape.run.id": "r1"}):
+            with tracer.start_as_current_span("chat gpt-4o", links=links) as s:
+                s.set_attributes({f"k{i}": i for i in range(6)})
+                for i in range(4):
+                    s.add_event(f"e{i}", {"a": i, "b": "x", "c": 1.5})
+        provider.shutdown()
+        spans.extend(exporter.get_finished_spans())
+    chats = [s for s in spans if s.name == "chat gpt-4o"]
+    assert [type(s) for s in chats] == [ReadableSpan, SealedSpan]
+    for s in chats:
+        assert (s.dropped_attributes, s.dropped_events, s.dropped_links) == (3, 2, 2)
+        assert all(e.dropped_attributes == 2 for e in s.events)
+    if otlp_encode.native_module is not None:
+        assert otlp_encode.native_module.reads_fields(ReadableSpan)
+        assert otlp_encode.native_module.reads_fields(SealedSpan)
+    assert_same(spans)
+
+
+def test_a_span_type_that_overrides_a_property_is_read_through_it():
+    """A span type of another library that computes a field in a property gets that value on the wire."""
+
+    class Renamed(ReadableSpan):
+        @property
+        def name(self) -> str:
+            return "renamed " + self._name
+
+    renamed = Renamed(name="chat", context=ctx(), resource=RESOURCE, attributes={"k": "v"},
+                      start_time=1, end_time=2, instrumentation_scope=SCOPE)
+    assert_same([renamed])
+    decoded = ExportTraceServiceRequest.FromString(encode_trace_request([renamed]))
+    assert decoded.resource_spans[0].scope_spans[0].spans[0].name == "renamed chat"
+    if otlp_encode.native_module is not None:
+        assert not otlp_encode.native_module.reads_fields(Renamed)

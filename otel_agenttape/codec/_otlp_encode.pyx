@@ -9,12 +9,21 @@ cannot hold, a key that is not ASCII text) and any span link are handed to the r
 that ``configure`` names, so whatever they write, log or skip is what this writes, logs or skips.
 ``tests/test_codec_otlp_encode.py`` encodes the same spans with both and with the SDK's encoder.
 
-State: only what ``configure`` sets (the span-kind numbers and the two reference functions).
+State: what ``configure`` sets (the span-kind numbers and the two reference functions), and the SDK
+types whose fields a probe at import checked (``_probe_fields``).
+
+Reads of the OpenTelemetry SDK's own span internals: a ``ReadableSpan``'s properties return its
+fields (``_name``, ``_context``, ...; ``events`` and ``links`` copy a ``BoundedList`` under its lock,
+``attributes`` wraps a ``BoundedAttributes`` whose ``_dict`` holds the items). Where a probe showed
+that for this SDK, and a span's type keeps ``ReadableSpan``'s properties, the fields are read
+directly (an ended span's lists no longer change); any other span, context, event or status is read
+through its properties.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Next
 from cpython.object cimport PyObject
+from cpython.tuple cimport PyTuple_GET_ITEM
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
@@ -38,6 +47,119 @@ def configure(kinds: dict, attributes: object, link: object) -> None:
     _KIND = kinds
     _attributes_ref = attributes
     _link_ref = link
+
+
+# --- the SDK's span fields ---------------------------------------------------------------------------
+
+cdef object _Readable = None  # the SDK types whose properties a probe showed to return their fields
+cdef object _SpanContext = None
+cdef object _TraceState = None
+cdef object _Event = None
+cdef object _Status = None
+cdef object _BoundedAttributes = None
+cdef object _BoundedList = None
+cdef tuple _FIELD_PROPERTIES = ("name", "get_span_context", "parent", "kind", "start_time", "end_time",
+                                "attributes", "events", "links", "status")
+cdef tuple _DROPPED = ("dropped_attributes", "dropped_events", "dropped_links")
+cdef dict _MODES = {}  # span type -> 0: properties, 1: fields, 2: fields but the dropped counts' properties
+
+
+def _probe_fields() -> bool:
+    """Check, on probe objects, that the SDK's properties return the fields this module reads."""
+    global _Readable, _SpanContext, _TraceState, _Event, _Status, _BoundedAttributes, _BoundedList
+    try:
+        from opentelemetry.attributes import BoundedAttributes
+        from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.sdk.util import BoundedList
+        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+    except ImportError:
+        return False
+    ts = TraceState([("k", "v")])
+    ctx = SpanContext(7, 9, False, TraceFlags(1), ts)
+    parent = SpanContext(7, 8, True, TraceFlags(1))
+    attrs = BoundedAttributes(None, {"a": 1})
+    attrs.dropped = 2
+    ev_attrs = BoundedAttributes(None, {"b": 2})
+    ev_attrs.dropped = 5
+    ev = Event("e", ev_attrs, 6)
+    events = BoundedList(None)
+    events.append(ev)
+    events.dropped = 3
+    links = BoundedList(None)
+    links.dropped = 4
+    st = Status(StatusCode.ERROR, "why")
+    span = ReadableSpan(name="probe", context=ctx, parent=parent, attributes=attrs, events=events, links=links,
+                        kind=SpanKind.CLIENT, status=st, start_time=10, end_time=11)
+    ok = (
+        type(ctx) is SpanContext and type(parent) is SpanContext
+        and (<tuple>ctx)[0] == ctx.trace_id == 7 and (<tuple>ctx)[1] == ctx.span_id == 9
+        and (<tuple>parent)[1] == parent.span_id == 8 and (<tuple>parent)[2] is parent.is_remote is True
+        and (<tuple>ctx)[2] is ctx.is_remote is False and (<tuple>ctx)[4] is ctx.trace_state is ts
+        and type(ts._dict) is dict and list(ts._dict.items()) == list(ts.items())
+        and span._name is span.name and span._context is span.get_span_context() and span._parent is span.parent
+        and span._kind is span.kind and span._start_time == span.start_time == 10
+        and span._end_time == span.end_time == 11 and span._status is span.status
+        and span._attributes is attrs and type(attrs._dict) is dict and dict(span.attributes) == attrs._dict
+        and type(events._dq).__name__ == "deque" and tuple(events._dq) == span.events == (ev,)
+        and type(links._dq).__name__ == "deque" and tuple(links._dq) == span.links == ()
+        and span._events is events and span._links is links
+        and (span.dropped_attributes, span.dropped_events, span.dropped_links) == (2, 3, 4)
+        and (attrs.dropped, events.dropped, links.dropped) == (2, 3, 4)
+        and ev._name is ev.name and ev._timestamp == ev.timestamp == 6 and ev._attributes is ev.attributes
+        and ev.dropped_attributes == ev_attrs.dropped == 5
+        and st._status_code is st.status_code and st._description is st.description
+        and st.status_code._value_ == st.status_code.value
+    )
+    if ok:
+        _Readable, _SpanContext, _TraceState, _Event, _Status = ReadableSpan, SpanContext, TraceState, Event, Status
+        _BoundedAttributes, _BoundedList = BoundedAttributes, BoundedList
+    return ok
+
+
+_probe_fields()
+
+
+def reads_fields(span_type: type) -> bool:
+    """Whether spans of ``span_type`` are read through their fields (else through their properties)."""
+    return _mode(span_type) != 0
+
+
+cdef int _mode(object tp) except -1:
+    r = _MODES.get(tp)
+    if r is None:
+        if _Readable is None or not isinstance(tp, type) or not issubclass(tp, _Readable) or any(
+                getattr(tp, n, None) is not getattr(_Readable, n) for n in _FIELD_PROPERTIES):
+            r = 0
+        elif all(getattr(tp, n, None) is getattr(_Readable, n) for n in _DROPPED):
+            r = 1
+        else:
+            r = 2  # e.g. a copy that keeps its original's dropped counts
+        if len(_MODES) < 64:
+            _MODES[tp] = r
+    return r
+
+
+cdef inline object _items(object seq):
+    """An ended span's events or links: a ``BoundedList``'s deque, a tuple or list as it is."""
+    t = type(seq)
+    if t is tuple or t is list:
+        return seq
+    if t is _BoundedList:
+        return seq._dq
+    return tuple(seq) if seq is not None else ()
+
+
+cdef inline object _dropped(object holder, object bounded):
+    return holder.dropped if isinstance(holder, bounded) else 0
+
+
+cdef inline object _plain_attributes(object attrs):
+    """What a span's or event's ``attributes`` property shows, as the dict behind it where there is one."""
+    if attrs is None:
+        return None
+    if type(attrs) is _BoundedAttributes:
+        return attrs._dict
+    return attrs
 
 
 cdef struct Buf:
@@ -327,15 +449,23 @@ cdef int _nested(Buf* b, unsigned char tag, Buf* body) except -1:
 
 cdef int _event(Buf* b, object event, Buf* scratch) except -1:
     scratch.n = 0
-    ts = event.timestamp
+    if _Event is not None and type(event) is _Event:
+        ts = event._timestamp
+        name = event._name
+        attrs = event._attributes
+        dropped = _dropped(attrs, _BoundedAttributes)
+        attrs = _plain_attributes(attrs)
+    else:
+        ts = event.timestamp
+        name = event.name
+        attrs = event.attributes
+        dropped = event.dropped_attributes
     if ts:
         _byte(scratch, 0x09)
         _fixed(scratch, <uint64_t>ts, 8)
-    name = event.name
     if name:
         _text_field(scratch, 0x12, name)
-    _attributes(scratch, 0x1A, event.attributes)
-    dropped = event.dropped_attributes
+    _attributes(scratch, 0x1A, attrs)
     if dropped:
         _byte(scratch, 0x20)
         _varint(scratch, <uint64_t>dropped)
@@ -347,10 +477,14 @@ cdef int _status(Buf* b, object status, Buf* scratch) except -1:
     if status is None:
         return 0
     scratch.n = 0
-    description = status.description
+    if _Status is not None and type(status) is _Status:
+        description = status._description
+        code = status._status_code._value_
+    else:
+        description = status.description
+        code = status.status_code.value
     if description:
         _text_field(scratch, 0x12, description)
-    code = status.status_code.value
     if code:
         _byte(scratch, 0x18)
         _varint(scratch, <uint64_t>code)
@@ -363,58 +497,98 @@ def encode_span(span: object) -> bytes:
     cdef Buf b
     cdef Buf scratch
     cdef uint32_t flags
+    cdef int mode = _mode(type(span))
     b.p = NULL
     b.n = b.cap = 0
     scratch.p = NULL
     scratch.n = scratch.cap = 0
+    if mode:
+        ctx = span._context
+        parent = span._parent
+        name = span._name
+        kind = span._kind
+        start = span._start_time
+        end = span._end_time
+        attrs = span._attributes
+        events = span._events
+        links = span._links
+        status = span._status
+        if mode == 1:
+            dropped_attributes = _dropped(attrs, _BoundedAttributes)
+            dropped_events = _dropped(events, _BoundedList)
+            dropped_links = _dropped(links, _BoundedList)
+        else:
+            dropped_attributes = span.dropped_attributes
+            dropped_events = span.dropped_events
+            dropped_links = span.dropped_links
+        attrs = _plain_attributes(attrs)
+        events = _items(events)
+        links = _items(links)
+    else:
+        ctx = span.get_span_context()
+        parent = span.parent
+        name = span.name
+        kind = span.kind
+        start = span.start_time
+        end = span.end_time
+        attrs = span.attributes
+        dropped_attributes = span.dropped_attributes
+        events = span.events
+        dropped_events = span.dropped_events
+        links = span.links
+        dropped_links = span.dropped_links
+        status = span.status
+    if type(ctx) is _SpanContext:
+        trace_id = <object>PyTuple_GET_ITEM(ctx, 0)
+        span_id = <object>PyTuple_GET_ITEM(ctx, 1)
+        trace_state = <object>PyTuple_GET_ITEM(ctx, 4)
+    else:
+        trace_id = ctx.trace_id
+        span_id = ctx.span_id
+        trace_state = ctx.trace_state
+    if type(trace_state) is _TraceState:
+        trace_state = trace_state._dict  # the same pairs, in the same order
     try:
         _grow(&b, 4096)
-        ctx = span.get_span_context()
         _put(&b, b"\x0a\x10", 2)
-        _big_endian(&b, ctx.trace_id, 16)
+        _big_endian(&b, trace_id, 16)
         _put(&b, b"\x12\x08", 2)
-        _big_endian(&b, ctx.span_id, 8)
-        trace_state = ctx.trace_state
+        _big_endian(&b, span_id, 8)
         if trace_state:
             _text_field(&b, 0x1A, ",".join([f"{k}={v}" for k, v in trace_state.items()]))
-        parent = span.parent
         if parent:
             _put(&b, b"\x22\x08", 2)
-            _big_endian(&b, parent.span_id, 8)
-        name = span.name
+            _big_endian(&b, <object>PyTuple_GET_ITEM(parent, 1) if type(parent) is _SpanContext
+                        else parent.span_id, 8)
         if name:
             _text_field(&b, 0x2A, name)
         _byte(&b, 0x30)
-        _byte(&b, <unsigned char>(<int>_KIND[span.kind]))
-        start = span.start_time
+        _byte(&b, <unsigned char>(<int>_KIND[kind]))
         if start:
             _byte(&b, 0x39)
             _fixed(&b, <uint64_t>start, 8)
-        end = span.end_time
         if end:
             _byte(&b, 0x41)
             _fixed(&b, <uint64_t>end, 8)
-        _attributes(&b, 0x4A, span.attributes)
-        dropped = span.dropped_attributes
-        if dropped:
+        _attributes(&b, 0x4A, attrs)
+        if dropped_attributes:
             _byte(&b, 0x50)
-            _varint(&b, <uint64_t>dropped)
-        for event in span.events:
+            _varint(&b, <uint64_t>dropped_attributes)
+        for event in events:
             _event(&b, event, &scratch)
-        dropped = span.dropped_events
-        if dropped:
+        if dropped_events:
             _byte(&b, 0x60)
-            _varint(&b, <uint64_t>dropped)
-        for link in span.links:
+            _varint(&b, <uint64_t>dropped_events)
+        for link in links:
             data = _link_ref(link)
             _put(&b, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
-        dropped = span.dropped_links
-        if dropped:
+        if dropped_links:
             _byte(&b, 0x70)
-            _varint(&b, <uint64_t>dropped)
-        _status(&b, span.status, &scratch)
+            _varint(&b, <uint64_t>dropped_links)
+        _status(&b, status, &scratch)
         flags = 0x100
-        if parent is not None and parent.is_remote:
+        if parent is not None and (<object>PyTuple_GET_ITEM(parent, 2) if type(parent) is _SpanContext
+                                   else parent.is_remote):
             flags |= 0x200
         _put(&b, b"\x85\x01", 2)
         _fixed(&b, flags, 4)
