@@ -37,7 +37,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_agenttape.codec import typed as anyvalue
 from otel_agenttape.store import rows, samples, schema
-from otel_agenttape.store.ddl import INDEX_ROW_SQL
+from otel_agenttape.store.ddl import INDEX_ROW_SQL, run_hash_where
 from otel_agenttape.store.parquet import ParquetSink, export_parquet
 from otel_agenttape.store.writer import RUN_LOOKUP_SQL, Store, locked_config
 
@@ -112,7 +112,8 @@ def _lookup_ms(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> tuple[floa
     scan = (time.perf_counter() - t) / len(run_ids) * 1e3
     t = time.perf_counter()
     for r in run_ids:
-        lo, hi = con.execute(RUN_LOOKUP_SQL, [r]).fetchall()[0][:2]
+        where, params = run_hash_where(r)
+        lo, hi = con.execute(RUN_LOOKUP_SQL + where, params).fetchall()[0][:2]
         con.execute("SELECT * FROM spans WHERE rowid BETWEEN ? AND ? AND run_id = ?", [lo, hi, r]).fetchall()
     indexed = (time.perf_counter() - t) / len(run_ids) * 1e3
     return scan, indexed

@@ -221,3 +221,26 @@ def test_a_big_write_checkpoints_at_its_commit_instead_of_going_through_the_wal(
 def test_an_in_memory_store_takes_big_writes_without_checkpoint_settings():
     with Store(None) as store:
         assert store.write_traces(_model_spans(6000, seed=4)).spans_stored == 6000
+
+
+def test_a_run_key_worked_out_here_is_duckdbs(tmp_path):
+    """The run index is looked up by a key computed in Python: it must be DuckDB's md5_number_upper for
+    every run id (non-ASCII too), and a run id UTF-8 cannot hold is left to DuckDB as before."""
+    import duckdb
+
+    from otel_agenttape.store.ddl import run_hash, run_hash_where
+
+    ids = ["", "run-1", "ünïcode-run", "运行-42", "emoji 😀 run", "a" * 300, "tab\tand\nnewline"]
+    con = duckdb.connect()
+    for run_id in ids:
+        assert run_hash(run_id) == con.execute("SELECT md5_number_upper(?)", [run_id]).fetchone()[0]
+    assert run_hash_where("run-1") == ("run_hash = ?", [run_hash("run-1")])
+    assert run_hash("bad \udcff") is None
+    assert run_hash_where("bad \udcff") == ("run_hash = md5_number_upper(?)", ["bad \udcff"])
+    db = str(tmp_path / "key.duckdb")
+    with Store(db) as store:
+        store.write_traces(samples.genai_requests(n_runs=2))
+        con2 = store.cursor()
+        for (run_id,) in con2.execute("SELECT DISTINCT run_id FROM spans WHERE run_id IS NOT NULL").fetchall():
+            assert store.run_bounds(run_id)["spans"] > 0
+        con2.close()

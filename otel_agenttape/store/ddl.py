@@ -3,6 +3,9 @@ replaced only when they differ, so opening a store that needs nothing writes not
 
 from __future__ import annotations
 
+import hashlib
+from typing import Any
+
 import duckdb
 
 from otel_agenttape.store import schema, views
@@ -26,6 +29,24 @@ _RUN_INDEX_DDL = ("CREATE TABLE IF NOT EXISTS run_index (\n  "
 # took about 55 (a lake's ``run_traces`` holds the ids too, and the same keys).
 RUN_KEY_SQL = "md5_number_upper(run_id) AS run_hash, md5_number_upper(trace_id) AS trace_hash"
 RUN_HASH_OF_PARAM = "run_hash = md5_number_upper(?)"  # ``WHERE`` a run id given as a parameter
+
+
+def run_hash_where(run_id: str) -> tuple[str, list[Any]]:
+    """``WHERE`` a run's key, and its parameter: the key worked out here (``run_hash``, the value of
+    ``md5_number_upper``; a lookup then compares numbers, 0.2 ms less on a million-span store), or by
+    DuckDB for a run id UTF-8 cannot hold (DuckDB refuses it as it always did)."""
+    key = run_hash(run_id)
+    return ("run_hash = ?", [key]) if key is not None else (RUN_HASH_OF_PARAM, [run_id])
+
+
+def run_hash(run_id: str) -> int | None:
+    """DuckDB's ``md5_number_upper(run_id)``: the first 8 bytes of the MD5 digest of its UTF-8, read
+    little-endian; None for text UTF-8 cannot hold."""
+    try:
+        data = run_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return int.from_bytes(hashlib.md5(data, usedforsecurity=False).digest()[:8], "little")
 # The index row of the spans of one run and trace in a write (in a ``GROUP BY run_id, trace_id``); the
 # row ranges are parameters.
 INDEX_ROW_SQL = (

@@ -103,6 +103,15 @@ class Reader:
             fut.set_exception(exc)
         return fut
 
+    def submit_rows(self, sql: str, params: Sequence[Any] | None = None) -> Future[list[dict[str, Any]]]:
+        """``rows`` started now, as ``submit`` starts ``query``: this one runs it before returning."""
+        fut: Future[list[dict[str, Any]]] = Future()
+        try:
+            fut.set_result(self.rows(sql, params))
+        except Exception as exc:  # noqa: BLE001 - handed to whoever asks for the result
+            fut.set_exception(exc)
+        return fut
+
     def close(self) -> None:
         """Release the source."""
 
@@ -197,6 +206,13 @@ class ConnectionReader(Reader):
                 cur.close()
 
         return _read_pool().submit(run)
+
+    def submit_rows(self, sql: str, params: Sequence[Any] | None = None) -> Future[list[dict[str, Any]]]:
+        """``rows`` in a reader thread (the caller goes on meanwhile), without the Arrow table ``submit``
+        makes: a rebuild's events are read this way while it reads the spans."""
+        if self.registered:
+            return Reader.submit_rows(self, sql, params)
+        return _read_pool().submit(self.rows, sql, params)
 
     def close(self) -> None:
         if self._owns:

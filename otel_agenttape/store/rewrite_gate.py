@@ -144,6 +144,10 @@ class StoreReader(ConnectionReader):
         hold a rewrite back."""
         return Reader.submit(self, sql, params)
 
+    def submit_rows(self, sql: str, params: Sequence[Any] | None = None) -> Future[list[dict[str, Any]]]:
+        """Run here, under the gate, as ``submit``."""
+        return Reader.submit_rows(self, sql, params)
+
     def close(self) -> None:
         with self._cursor_lock:
             self._closed = True

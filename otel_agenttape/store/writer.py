@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from otel_agenttape.store import rows, schema
-from otel_agenttape.store.ddl import INDEX_ROW_SQL, RUN_HASH_OF_PARAM, create_schema
+from otel_agenttape.store.ddl import INDEX_ROW_SQL, create_schema, run_hash_where
 from otel_agenttape.store.keyfilter import KeyFilter
 from otel_agenttape.store.readers import StoreOpenError, open_error_message
 from otel_agenttape.store.rewrite_gate import RewriteGate, StoreReader
@@ -87,7 +87,7 @@ RUN_LOOKUP_SQL = """SELECT min(first_span_row) AS first_span_row, max(last_span_
        min(first_link_row) AS first_link_row, max(last_link_row) AS last_link_row,
        min(start_time_unix_nano) AS start_time_unix_nano, max(end_time_unix_nano) AS end_time_unix_nano,
        sum(spans)::BIGINT AS spans
-FROM run_index WHERE """ + RUN_HASH_OF_PARAM
+FROM run_index WHERE """  # + the run's key (``ddl.run_hash_where``)
 _RUN_LOOKUP_COLUMNS = ("first_span_row", "last_span_row", "first_event_row", "last_event_row", "first_link_row",
                        "last_link_row", "start_time_unix_nano", "end_time_unix_nano", "spans")
 
@@ -182,7 +182,8 @@ class Store:
         """Where the spans of ``run_id`` are (``RUN_LOOKUP_SQL``), or None for an unknown run."""
         cur = self.con.cursor()
         try:
-            found = cur.execute(RUN_LOOKUP_SQL, [run_id]).fetchall()
+            where, params = run_hash_where(run_id)
+            found = cur.execute(RUN_LOOKUP_SQL + where, params).fetchall()
         finally:
             cur.close()
         row = found[0] if found else None
