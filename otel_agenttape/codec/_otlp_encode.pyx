@@ -10,20 +10,20 @@ that ``configure`` names, so whatever they write, log or skip is what this write
 ``tests/test_codec_otlp_encode.py`` encodes the same spans with both and with the SDK's encoder.
 
 State: what ``configure`` sets (the span-kind numbers and the two reference functions), and the SDK
-types whose fields a probe at import checked (``_probe_fields``).
+types whose fields ``codec/sdk_layout.py`` found to be what their properties return.
 
-Reads of the OpenTelemetry SDK's own span internals: a ``ReadableSpan``'s properties return its
-fields (``_name``, ``_context``, ...; ``events`` and ``links`` copy a ``BoundedList`` under its lock,
-``attributes`` wraps a ``BoundedAttributes`` whose ``_dict`` holds the items). Where a probe showed
-that for this SDK, and a span's type keeps ``ReadableSpan``'s properties, the fields are read
-directly (an ended span's lists no longer change); any other span, context, event or status is read
-through its properties.
+Reads of the OpenTelemetry SDK's own span internals: where that probe held, and a span's type keeps
+``ReadableSpan``'s properties, the span's fields are read directly (``_context``, ``_attributes``'s
+``_dict``, ``_events``'s deque, ...; an ended span's lists no longer change); any other span,
+context, event or status is read through its properties.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Next
 from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_ITEM
+
+from otel_agenttape.codec._sdk_span cimport context_fields
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
@@ -64,56 +64,16 @@ cdef tuple _DROPPED = ("dropped_attributes", "dropped_events", "dropped_links")
 cdef dict _MODES = {}  # span type -> 0: properties, 1: fields, 2: fields but the dropped counts' properties
 
 
-def _probe_fields() -> bool:
-    """Check, on probe objects, that the SDK's properties return the fields this module reads."""
+def _probe_fields() -> None:
+    """The SDK types whose fields a probe showed to be what their properties return
+    (``codec/sdk_layout.py``); none when it showed otherwise."""
     global _Readable, _SpanContext, _TraceState, _Event, _Status, _BoundedAttributes, _BoundedList
-    try:
-        from opentelemetry.attributes import BoundedAttributes
-        from opentelemetry.sdk.trace import Event, ReadableSpan
-        from opentelemetry.sdk.util import BoundedList
-        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
-    except ImportError:
-        return False
-    ts = TraceState([("k", "v")])
-    ctx = SpanContext(7, 9, False, TraceFlags(1), ts)
-    parent = SpanContext(7, 8, True, TraceFlags(1))
-    attrs = BoundedAttributes(None, {"a": 1})
-    attrs.dropped = 2
-    ev_attrs = BoundedAttributes(None, {"b": 2})
-    ev_attrs.dropped = 5
-    ev = Event("e", ev_attrs, 6)
-    events = BoundedList(None)
-    events.append(ev)
-    events.dropped = 3
-    links = BoundedList(None)
-    links.dropped = 4
-    st = Status(StatusCode.ERROR, "why")
-    span = ReadableSpan(name="probe", context=ctx, parent=parent, attributes=attrs, events=events, links=links,
-                        kind=SpanKind.CLIENT, status=st, start_time=10, end_time=11)
-    ok = (
-        type(ctx) is SpanContext and type(parent) is SpanContext
-        and (<tuple>ctx)[0] == ctx.trace_id == 7 and (<tuple>ctx)[1] == ctx.span_id == 9
-        and (<tuple>parent)[1] == parent.span_id == 8 and (<tuple>parent)[2] is parent.is_remote is True
-        and (<tuple>ctx)[2] is ctx.is_remote is False and (<tuple>ctx)[4] is ctx.trace_state is ts
-        and type(ts._dict) is dict and list(ts._dict.items()) == list(ts.items())
-        and span._name is span.name and span._context is span.get_span_context() and span._parent is span.parent
-        and span._kind is span.kind and span._start_time == span.start_time == 10
-        and span._end_time == span.end_time == 11 and span._status is span.status
-        and span._attributes is attrs and type(attrs._dict) is dict and dict(span.attributes) == attrs._dict
-        and type(events._dq).__name__ == "deque" and tuple(events._dq) == span.events == (ev,)
-        and type(links._dq).__name__ == "deque" and tuple(links._dq) == span.links == ()
-        and span._events is events and span._links is links
-        and (span.dropped_attributes, span.dropped_events, span.dropped_links) == (2, 3, 4)
-        and (attrs.dropped, events.dropped, links.dropped) == (2, 3, 4)
-        and ev._name is ev.name and ev._timestamp == ev.timestamp == 6 and ev._attributes is ev.attributes
-        and ev.dropped_attributes == ev_attrs.dropped == 5
-        and st._status_code is st.status_code and st._description is st.description
-        and st.status_code._value_ == st.status_code.value
-    )
-    if ok:
-        _Readable, _SpanContext, _TraceState, _Event, _Status = ReadableSpan, SpanContext, TraceState, Event, Status
-        _BoundedAttributes, _BoundedList = BoundedAttributes, BoundedList
-    return ok
+    from otel_agenttape.codec.sdk_layout import LAYOUT
+
+    if LAYOUT is not None:
+        _Readable, _SpanContext, _TraceState, _Event = (LAYOUT.readable_span, LAYOUT.span_context,
+                                                       LAYOUT.trace_state, LAYOUT.event)
+        _Status, _BoundedAttributes, _BoundedList = LAYOUT.status, LAYOUT.bounded_attributes, LAYOUT.bounded_list
 
 
 _probe_fields()
@@ -538,14 +498,7 @@ def encode_span(span: object) -> bytes:
         links = span.links
         dropped_links = span.dropped_links
         status = span.status
-    if type(ctx) is _SpanContext:
-        trace_id = <object>PyTuple_GET_ITEM(ctx, 0)
-        span_id = <object>PyTuple_GET_ITEM(ctx, 1)
-        trace_state = <object>PyTuple_GET_ITEM(ctx, 4)
-    else:
-        trace_id = ctx.trace_id
-        span_id = ctx.span_id
-        trace_state = ctx.trace_state
+    trace_id, span_id, trace_state = context_fields(ctx, _SpanContext)
     if type(trace_state) is _TraceState:
         trace_state = trace_state._dict  # the same pairs, in the same order
     try:

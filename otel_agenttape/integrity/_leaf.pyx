@@ -28,6 +28,8 @@ from libc.math cimport isinf, isnan
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
+from otel_agenttape.codec._sdk_span cimport context_fields
+
 import hashlib
 import os
 from collections import OrderedDict
@@ -625,39 +627,14 @@ cdef object _READABLE = None
 
 
 def _probe_layouts() -> None:
+    """The SDK types whose fields a probe showed to be what their properties return
+    (``codec/sdk_layout.py``); none when it showed otherwise."""
     global _SpanContext, _Status, _TraceState, _BoundedAttributes, _BoundedList, _READABLE
-    try:
-        from opentelemetry.attributes import BoundedAttributes
-        from opentelemetry.sdk.trace import Event, ReadableSpan
-        from opentelemetry.sdk.util import BoundedList
-        from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags, TraceState
-    except ImportError:
-        return
-    ts = TraceState([("k", "v")])
-    ctx = SpanContext(7, 9, False, TraceFlags(1), ts)
-    st = Status(StatusCode.ERROR, "why")
-    attrs = BoundedAttributes(None, {"a": 1})
-    attrs.dropped = 1
-    events = BoundedList(None)
-    events.append(Event("e"))
-    events.dropped = 1
-    span = ReadableSpan(name="probe", context=ctx, attributes=attrs, events=events, links=())
-    if (
-        type(ctx) is SpanContext and (<tuple>ctx)[0] == ctx.trace_id == 7 and (<tuple>ctx)[1] == ctx.span_id == 9
-        and (<tuple>ctx)[4] is ctx.trace_state is ts
-    ):
-        _SpanContext = SpanContext
-    if st._status_code is st.status_code and st._description is st.description:
-        _Status = Status
-    if type(ts._dict) is dict and list(ts._dict.items()) == list(ts.items()) and len(ts) == 1:
-        _TraceState = TraceState
-    if (
-        (span.dropped_attributes, span.dropped_events, span.dropped_links) == (attrs.dropped, events.dropped, 0) == (1, 1, 0)
-        and type(attrs._dict) is dict and type(events._dq).__name__ == "deque"
-    ):
-        _BoundedAttributes = BoundedAttributes
-        _BoundedList = BoundedList
-        _READABLE = ReadableSpan
+    from otel_agenttape.codec.sdk_layout import LAYOUT
+
+    if LAYOUT is not None:
+        _SpanContext, _Status, _TraceState = LAYOUT.span_context, LAYOUT.status, LAYOUT.trace_state
+        _BoundedAttributes, _BoundedList, _READABLE = LAYOUT.bounded_attributes, LAYOUT.bounded_list, LAYOUT.readable_span
 
 
 _probe_layouts()
@@ -747,15 +724,7 @@ cdef int _span(Buf* b, object span, list found=None) except -1:
         _span_id(b, <object>PyTuple_GET_ITEM(parent, 1))
     else:
         _span_id(b, parent.span_id)
-    ctx = span._context
-    if type(ctx) is _SpanContext:
-        trace_id = <object>PyTuple_GET_ITEM(ctx, 0)
-        span_id = <object>PyTuple_GET_ITEM(ctx, 1)
-        ts = <object>PyTuple_GET_ITEM(ctx, 4)
-    else:
-        trace_id = ctx.trace_id
-        span_id = ctx.span_id
-        ts = ctx.trace_state
+    trace_id, span_id, ts = context_fields(span._context, _SpanContext)
     _put(b, ',"span_id":', 11)
     _span_id(b, span_id)
     _put(b, ',"start_time_unix_nano":"', 25)
