@@ -225,11 +225,16 @@ def test_rows_are_the_query_rows_from_every_thread_and_a_bad_query_is_a_query_er
     want = gated.query(sql, [0]).to_pylist()
     assert len(want) > 4 and any(r["parent_span_id"] is None for r in want)
     assert gated.rows(sql, [0]) == want
+    assert gated.submit_rows(sql, [0]).result(30) == want  # run under the gate, before it returns
     store.close()
     reader = open_reader(db)
     try:
         assert reader.rows(sql, [0]) == want
         assert reader.rows(sql, [2**62]) == []
+        started = [reader.submit_rows(sql, [0]) for _ in range(4)]  # in reader threads, side by side
+        assert all(f.result(30) == want for f in started)
+        with pytest.raises(QueryError):
+            reader.submit_rows("SELECT nope FROM spans").result(30)
         got: list = []
 
         def read() -> None:

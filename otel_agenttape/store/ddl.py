@@ -47,6 +47,8 @@ def run_hash(run_id: str) -> int | None:
     except UnicodeEncodeError:
         return None
     return int.from_bytes(hashlib.md5(data, usedforsecurity=False).digest()[:8], "little")
+
+
 # The index row of the spans of one run and trace in a write (in a ``GROUP BY run_id, trace_id``); the
 # row ranges are parameters.
 INDEX_ROW_SQL = (

@@ -116,8 +116,9 @@ def _missing(exc: Exception) -> bool:
 
 def _started(reader: Reader, sql: str, params: Sequence[Any], optional: bool = False
              ) -> Callable[[], list[dict[str, Any]]]:
-    """The rows of a query started now (``submit``: side by side with what the caller reads next, on a
-    reader that can), asked for later; ``optional``: a table the store may not have reads as empty."""
+    """The rows of a query started now (``submit_rows``, else ``submit``: side by side with what the
+    caller reads next, on a reader that can), asked for later; ``optional``: a table the store may not
+    have reads as empty."""
     submit_rows = getattr(reader, "submit_rows", None)
     submit = getattr(reader, "submit", None)
     if submit_rows is None and submit is None:
