@@ -12,7 +12,10 @@ from the DuckDB store; 50 and 200 ms from the lake), and how much of each is the
 
     python bench/replay.py [--spans 1000000] [--repeat 15] [--dir DIR [--reuse]]
 
-Last line: ``replay run_ms=X tree_ms=Y parquet_run_ms=Z parquet_tree_ms=W``.
+The DuckDB figures are also taken with the run and the tree named by ``RUN_ID@TRACE_ID`` refs (what
+``agenttape runs`` lists and the console asks for): ``ref_run_ms``, ``ref_tree_ms``.
+
+Last line: ``replay run_ms=X tree_ms=Y parquet_run_ms=Z parquet_tree_ms=W ref_run_ms=A ref_tree_ms=B``.
 """
 
 from __future__ import annotations
@@ -256,6 +259,18 @@ def measure(reader, ids: dict[str, str], repeat: int, label: str = "") -> tuple[
     return out
 
 
+def measure_refs(reader, ids: dict[str, str], repeat: int) -> tuple[float, float]:
+    """The same run and tree named by ``RUN_ID@TRACE_ID`` refs (median ms)."""
+    from otel_agenttape.tape import reconstruct, reconstruct_tree
+    from otel_agenttape.tape.refs import resolve
+
+    run_ref, tree_ref = resolve(reader, ids["run"]).ref, resolve(reader, ids["tree"]).ref
+    assert len(reconstruct(reader, run_ref).nodes) == 100
+    assert reconstruct_tree(reader, tree_ref).run_count == 21
+    return (median_ms(lambda: reconstruct(reader, run_ref), repeat),
+            median_ms(lambda: reconstruct_tree(reader, tree_ref), repeat))
+
+
 def stored_ids(db: str) -> dict[str, str]:
     """The ids ``build`` wrote into an existing bench store (``--reuse``)."""
     from otel_agenttape.store.reader import open_reader
@@ -298,12 +313,15 @@ def main() -> int:
     print(f"load {os.getloadavg()[0]:.1f}", flush=True)
     with open_reader(db) as reader:
         run_ms, tree_ms = measure(reader, ids, args.repeat, "duckdb ")
+        ref_run_ms, ref_tree_ms = measure_refs(reader, ids, args.repeat)
     print(f"duckdb: run {run_ms:.1f} ms (target 10), tree {tree_ms:.1f} ms (target 25)", flush=True)
+    print(f"duckdb, by RUN_ID@TRACE_ID refs (what `agenttape runs` lists and the console asks for): "
+          f"run {ref_run_ms:.1f} ms, tree {ref_tree_ms:.1f} ms", flush=True)
     with open_reader(lake) as reader:
         p_run_ms, p_tree_ms = measure(reader, ids, args.repeat, "parquet ")
     print(f"parquet: run {p_run_ms:.1f} ms (target 50), tree {p_tree_ms:.1f} ms (target 200)", flush=True)
     print(f"replay run_ms={run_ms:.1f} tree_ms={tree_ms:.1f} parquet_run_ms={p_run_ms:.1f} "
-          f"parquet_tree_ms={p_tree_ms:.1f}")
+          f"parquet_tree_ms={p_tree_ms:.1f} ref_run_ms={ref_run_ms:.1f} ref_tree_ms={ref_tree_ms:.1f}")
     return 0
 
 

@@ -99,6 +99,35 @@ def test_duckdb_index_is_used_and_missing_index_falls_back(stores):
     assert len(tree["children"]) == 3 and len(indexed[0]["tools"]) == 6
 
 
+def _outcome(reader, ref):
+    try:
+        return reconstruct(reader, ref).to_json()
+    except LookupError as exc:
+        return type(exc).__name__
+
+
+def test_a_run_at_its_trace_is_found_by_both_keys_in_the_index(stores):
+    ids = stores["ids"]
+    with open_reader(stores["db"]) as r:
+        run_ref = reconstruct(r, ids["run"]).ref
+        expected = _both(r, ids)
+        tree_ref = reconstruct(r, ids["tree"]).ref
+        other_trace = reconstruct(r, tree_ref).trace_id
+        rec = Recording(r)
+        assert reconstruct(rec, run_ref).to_json() == expected[0]
+        # one index lookup by run and trace key; the spans are not read to find the run or its trace
+        assert sum("trace_hash = ?" in q for q in rec.sql) == 1
+        assert not any("rowid BETWEEN" in q or "GROUP BY trace_id" in q for q in rec.sql)
+        assert reconstruct_tree(rec, tree_ref).root.to_json() == expected[1]
+        mismatched = f"{ids['run']}@{other_trace}"  # a run named with a trace that does not hold it
+        indexed_outcomes = [_outcome(r, ref) for ref in (run_ref, mismatched, f"{ids['run']}@{'0' * 32}")]
+    assert indexed_outcomes[2] == "RunNotFound"
+    for source in (stores["plain"], stores["lake"]):  # no index by both keys: read from the spans, same answers
+        with open_reader(source) as r:
+            assert [_outcome(r, ref) for ref in (run_ref, mismatched, f"{ids['run']}@{'0' * 32}")] == indexed_outcomes
+            assert reconstruct_tree(r, tree_ref).root.to_json() == expected[1]
+
+
 def test_lake_run_traces_used_only_while_it_covers_the_lake(stores):
     ids = stores["ids"]
     with open_reader(stores["db"]) as r:

@@ -20,7 +20,7 @@ import orjson
 
 from ..codec.typed import attrs_to_python, to_python
 from .. import semconv as sc
-from ..store.ddl import run_hash_where
+from ..store.ddl import run_hash, run_hash_where
 
 
 class Reader(Protocol):
@@ -242,6 +242,32 @@ def _indexed_run_traces(reader: Reader, run_id: str) -> Windows | None:
         [int(b["first_row"]), int(b["last_row"]), int(b["lo"]), int(b["hi"]), run_id],
     ))
 
+
+def run_trace_window(reader: Reader, run_id: str, trace_id: str) -> Windows | None:
+    """The time window of run ``run_id``'s spans in trace ``trace_id`` (a ``RUN_ID@TRACE_ID`` ref), read
+    from the store's run index by both keys in one lookup: the window ``run_traces`` gives that trace,
+    without reading the spans. ``{}`` when the index holds no such run in that trace; None when the
+    source has no run index (a lake, a store no writer has opened since the index came): the caller
+    then reads the trace's window from its spans."""
+    if getattr(reader, "kind", None) == "lake" or getattr(reader, "run_index_view", None) or _is_unindexed(reader):
+        return None
+    run_key, trace_key = run_hash(run_id), run_hash(trace_id)
+    if run_key is None or trace_key is None:
+        return None
+    try:
+        found = _rows(reader, _RUN_WINDOW_SQL, [run_key, trace_key])
+    except Exception as exc:  # noqa: BLE001 - no run_index: the caller reads the spans instead
+        if _missing_table(exc):
+            _remember_unindexed(reader)
+            return None
+        raise
+    if not found or found[0]["lo"] is None:
+        return {}
+    return {trace_id: (int(found[0]["lo"]), int(found[0]["hi"]))}
+
+
+_RUN_WINDOW_SQL = ("SELECT min(start_time_unix_nano) AS lo, max(end_time_unix_nano) AS hi FROM run_index "
+                   "WHERE run_hash = ? AND trace_hash = ?")
 
 # ``store.writer.RUN_LOOKUP_SQL`` reduced to what a rebuild needs
 _RUN_BOUNDS_SQL = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .load import Reader, Windows, run_traces, span_traces, trace_windows
+from .load import Reader, Windows, run_trace_window, run_traces, span_traces, trace_windows
 
 TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 SPAN_ID = re.compile(r"^[0-9a-f]{16}$")
@@ -70,6 +70,10 @@ def resolve(reader: Reader, ref: str) -> Resolved:
     ref = ref.strip()
     run_id, trace_id = split_ref(ref)
     if trace_id is not None:
+        if run_id != trace_id:  # the run index has the pair: its window, as a bare run id would get
+            windows = run_trace_window(reader, run_id, trace_id) or {}
+            if windows:
+                return Resolved(run_id, trace_id, windows)
         windows = trace_windows(reader, [trace_id])
         if not windows:
             raise RunNotFound(ref)
