@@ -16,7 +16,7 @@ from .jsontext import dump_json, parse_any_json
 from .messages_langchain import langchain_message
 
 
-@dataclass
+@dataclass(slots=True)
 class Message:
     """One chat message in the GenAI message schema (``role`` plus typed ``parts``)."""
 

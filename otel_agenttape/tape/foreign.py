@@ -10,6 +10,7 @@ and OpenLLMetry's legacy indexed ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 from .. import semconv as sc
@@ -163,8 +164,11 @@ def _ordered_events(span: SpanRow) -> list[dict[str, Any]]:
     return sorted(span.events, key=key)
 
 
+_STATUS = {1: "ok", 2: "error"}
+
+
 def _status(span: SpanRow) -> str:
-    return {1: "ok", 2: "error"}.get(span.status_code, "unset")
+    return _STATUS.get(span.status_code, "unset")
 
 
 def _base(span: SpanRow, node_type: str, ordered: list[dict[str, Any]] | None = None) -> Node:
@@ -209,6 +213,13 @@ def _messages_of(a: dict[str, Any], genai_key: str, role: str, oi_prefix: str, l
     if a.get(value_key) is not None:
         return parse_value(a[value_key])
     return None
+
+
+_LLM_PREFIX = os.path.commonprefix([OI_LLM_TOOLS, LLM_REQUEST_FUNCTIONS])  # "llm."
+
+
+def _has_prefix(a: dict[str, Any], prefix: str) -> bool:
+    return any(k.startswith(prefix) for k in a)
 
 
 def model_node(span: SpanRow, *, prompt: bool = True) -> Node:
@@ -272,12 +283,14 @@ def model_node(span: SpanRow, *, prompt: bool = True) -> Node:
     ]
     if prompt and a.get(sc.GEN_AI_TOOL_DEFINITIONS) is not None:
         node.tool_definitions = tool_definitions(a[sc.GEN_AI_TOOL_DEFINITIONS])
-    elif prompt and _is_indexed(a, OI_LLM_TOOLS):
+    elif not prompt or not _has_prefix(a, _LLM_PREFIX):  # (one pass: both lists below start with it)
+        pass
+    elif _is_indexed(a, OI_LLM_TOOLS):
         node.tool_definitions = tool_definitions(
             [parse_any_json((t.get("tool") or {}).get("json_schema")) for t in indexed_list(a, OI_LLM_TOOLS)
              if isinstance(t, dict)]
         )
-    elif prompt and _is_indexed(a, LLM_REQUEST_FUNCTIONS):
+    elif _is_indexed(a, LLM_REQUEST_FUNCTIONS):
         node.tool_definitions = tool_definitions(indexed_list(a, LLM_REQUEST_FUNCTIONS))
     node.usage = usage_of(a)
     node.request = {

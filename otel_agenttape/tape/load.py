@@ -34,7 +34,7 @@ SPAN_COLUMNS = (
 )
 
 
-@dataclass
+@dataclass(slots=True)
 class SpanRow:
     trace_id: str
     span_id: str

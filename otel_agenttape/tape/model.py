@@ -55,7 +55,7 @@ class ToolCall:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class Node:
     """One model call or tool execution (or another span kept for context), rebuilt from a span."""
 
@@ -139,7 +139,7 @@ class Node:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     """One entry of a run's ordered step stream (input, text, tool-start, tool-result, ...)."""
 
