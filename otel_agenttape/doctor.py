@@ -230,7 +230,8 @@ def _served(db: str, info: dict[str, Any]) -> list[Check]:
     memory = {part: totals.get(name) for part, name in (("total", "agenttape_memory_limit_bytes"),
                                                         ("store", "agenttape_store_memory_limit_bytes"),
                                                         ("queue", "agenttape_queue_limit_bytes"),
-                                                        ("spool", "agenttape_spool_limit_bytes"))}
+                                                        ("spool", "agenttape_spool_limit_bytes"),
+                                                        ("reads", "agenttape_read_cache_limit_bytes"))}
     if memory["total"]:
         checks.append(Check("receiver memory", True, f"budget {int(memory['total']) >> 20} MB (--memory-limit): "
                             + ", ".join(f"{part} {int(v or 0) >> 20} MB" for part, v in memory.items()

@@ -141,6 +141,41 @@ def test_pages_list_what_the_view_lists_for_every_filter(mixed):
                 tapes, Filters(session=session), oldest_first=True), session
 
 
+@pytest.fixture
+def read_limit():
+    """Set the read model's memory bound for one test (put back after)."""
+    from otel_agenttape import read_memory
+
+    yield read_memory.set_limit
+    read_memory.set_limit(read_memory.DEFAULT_LIMIT)
+
+
+def test_pages_are_the_same_whatever_the_read_model_may_keep(mixed, read_limit):
+    """Under the read model's memory bound (``read_memory``, a receiver's --memory-limit share) pages list
+    the same runs, fields, scores and totals, whether every run's keys and summaries are kept, only some
+    summaries, or nothing at all; what is kept never passes the bound."""
+    from otel_agenttape import read_memory
+
+    asks = [{}, {"agent": "again"}, {"source": "agenttape"}, {"score": ("helpfulness>=0.6",)}]
+    with otel_agenttape.open(mixed) as tapes:
+        expected = {str(a): _view(tapes, Filters(**a)) for a in asks}
+        for ask in asks:
+            assert _paged(tapes, **ask)[0] == expected[str(ask)], ask
+        kept_all = read_memory.held()
+        assert kept_all > 0  # the keys, the summaries read and the scores
+    summaries = len(expected["{}"])
+    for limit in (0, kept_all - (summaries - 3) * read_memory.SUMMARY_BYTES, kept_all // 2):
+        read_limit(max(0, limit))
+        with otel_agenttape.open(mixed) as tapes:
+            for ask in asks:
+                listed, totals = _paged(tapes, **ask)
+                assert listed == expected[str(ask)], (limit, ask)
+                assert totals == {len(listed)}, (limit, ask)
+                assert read_memory.held() <= max(0, limit), (limit, ask, read_memory.held())
+            if limit == 0:
+                assert read_memory.held() == 0
+
+
 def _ours(run_id: str, agent: str, *, parent: str | None = None, node: str | None = None,
           link_to=None, keep=None):
     """An agenttape run span (or node span) in a trace of its own, as the tracer ``build`` gets it."""

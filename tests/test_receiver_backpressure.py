@@ -152,3 +152,43 @@ def test_not_ready_while_replaying_the_wal(tmp_path):
         starter.join(20)
         srv.stop()
         inner.close()
+
+
+def test_a_readers_first_query_sees_what_was_acknowledged_before_it(tmp_path, monkeypatch):
+    """A command run right after an export returned (the receiver acknowledged the spans, they wait for the
+    store) reads them: the remote reader's first query waits, for a bounded time, until they are stored.
+    Its later queries do not wait, and a store that stays behind past the bound is read as it is."""
+    from otel_agenttape.receiver import server as server_module
+    from otel_agenttape.store.readers import HttpReader
+
+    inner = Store(str(tmp_path / "s.duckdb"))
+    store = BlockingStore(inner)
+    srv = TapeServer(str(tmp_path / "s.duckdb"), http_port=0, grpc_port=0, store=store, ingest_workers=0).start()
+    count = "SELECT count(*) AS n FROM spans"
+    try:
+        first = trace_request(20)
+        with httpx.Client(timeout=30) as c:
+            assert c.post(f"{srv.url}/v1/traces", content=first.SerializeToString(), headers=PB).status_code == 200
+        assert store.entered.wait(10)  # acknowledged, the write under way and held
+        threading.Timer(0.5, store.release.set).start()
+        started = time.monotonic()
+        reader = HttpReader(srv.url)
+        assert reader.query(count).to_pylist() == [{"n": 20}]  # waited for the write
+        assert time.monotonic() - started >= 0.4
+        store.release.clear()
+        store.entered.clear()
+        with httpx.Client(timeout=30) as c:
+            assert c.post(f"{srv.url}/v1/traces", content=trace_request(5).SerializeToString(),
+                          headers=PB).status_code == 200
+        assert store.entered.wait(10)
+        started = time.monotonic()
+        assert reader.query(count).to_pylist() == [{"n": 20}]  # a later query: no wait, what is stored
+        assert time.monotonic() - started < 2
+        monkeypatch.setattr(server_module, "SETTLE_S", 0.3)
+        started = time.monotonic()
+        assert HttpReader(srv.url).query(count).to_pylist() == [{"n": 20}]  # behind past the bound: as it is
+        assert 0.25 <= time.monotonic() - started < 3
+    finally:
+        store.release.set()
+        srv.stop()
+        inner.close()

@@ -1,5 +1,5 @@
-"""One --memory-limit bounds a receiver: DuckDB's buffer manager, the ingest queue and the spool follow it,
-and doctor shows each bound."""
+"""One --memory-limit bounds a receiver: DuckDB's buffer manager, the ingest queue, the spool and the read
+model's kept reads follow it, and doctor shows each bound."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from otel_agenttape import read_memory
 from otel_agenttape.cli import main
 from otel_agenttape.receiver.memory import MemoryBudget, parse_size
 from otel_agenttape.receiver.server import TapeServer
@@ -36,8 +37,16 @@ def test_the_budget_sets_duckdb_the_queue_and_doctor(tmp_path, capsys):
         memory = checks["receiver memory"]
         assert "budget 256 MB" in memory["detail"] and "store 64 MB" in memory["detail"]
         assert "queue 64 MB" in memory["detail"] and "spool 16 MB" in memory["detail"]
+        assert "reads 32 MB" in memory["detail"]
+        # what the console and the API keep between reads follows the budget, and /metrics shows it
+        assert read_memory.limit() == 32 << 20
+        gauges = dict(line.split(" ") for line in server.render_metrics().splitlines()
+                      if line.startswith("agenttape_read_cache"))
+        assert float(gauges["agenttape_read_cache_limit_bytes"]) == 32 << 20
+        assert float(gauges["agenttape_read_cache_bytes"]) == read_memory.held()
     finally:
         server.stop()
+        read_memory.set_limit(read_memory.DEFAULT_LIMIT)
 
 
 def test_serve_refuses_a_bad_memory_limit(tmp_path, capsys):

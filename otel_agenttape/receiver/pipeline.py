@@ -92,6 +92,8 @@ class IngestPipeline:
         self._reserved_bytes = 0  # admitted, not yet in the store (includes WAL appends in flight)
         self._reserved_items = 0
         self._in_flight = 0  # admitted requests not yet in the store
+        self._queued_total = 0  # requests queued for the store since start (acknowledged once queued) ...
+        self._applied_total = 0  # ... and those of them in the store: batches are taken in queue order
         self._store_failures = 0
         self._last_store_error: str | None = None
         self._closing = False
@@ -146,6 +148,7 @@ class IngestPipeline:
         item = Queued(seq, kind, None if self.converts else request, payload if keep else None, count, size, tables)
         with self._lock:
             self._queue.append(item)
+            self._queued_total += 1
             backlog = self._reserved_items
             self._cond.notify()
         if self.pool is not None and not self.pool.running and backlog >= self.pool_threshold:
@@ -274,6 +277,7 @@ class IngestPipeline:
             self._reserved_bytes -= nbytes
             self._reserved_items -= sum(it.count for it in batch)
             self._in_flight -= len(batch)
+            self._applied_total += len(batch)
             self.last_applied_at = time.time()
             self._writing_since = None
             self._idle.notify_all()
@@ -322,6 +326,20 @@ class IngestPipeline:
             while self._in_flight:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def wait_stored(self, timeout: float) -> bool:
+        """Block until every request queued before this call is in the store (what a client was told
+        was accepted is then queryable), at most ``timeout`` seconds; False when it was not reached.
+        Requests queued meanwhile are not waited for, so steady ingest does not hold a read back."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            target = self._queued_total
+            while self._applied_total < target:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     return False
                 self._idle.wait(remaining)
         return True

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from otel_agenttape import read_memory
 from otel_agenttape.receiver.convert import ConvertPool, default_workers
 from otel_agenttape.receiver.grpc import GrpcReceiver
 from otel_agenttape.receiver.http import HttpContext, HttpReceiver
@@ -34,6 +35,9 @@ from otel_agenttape.store.sql import DEFAULT_QUERY_TIMEOUT
 
 DEFAULT_MAX_QUERIES = 4  # queries running at once; more wait up to _QUERY_SLOT_WAIT, then get 503
 _QUERY_SLOT_WAIT = 5.0
+# A reader's first query waits at most this long for what was acknowledged before it to be stored
+# (a write of the queue takes well under a second; past this the query answers with what is stored).
+SETTLE_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +118,7 @@ class TapeServer:
         self.max_body = self.limits.max_body
         self.http_routes = list(http_routes)  # more Starlette routes on the HTTP port (see receiver/http.py)
         self.http_fallback = http_fallback  # an ASGI app for every other HTTP path, instead of a 404
-        # DuckDB's memory_limit, the queue and the converter spool: one operator figure (memory.py)
+        # DuckDB's memory_limit, the queue, the converter spool and the kept reads: one operator figure (memory.py)
         self.memory = memory_limit if isinstance(memory_limit, MemoryBudget) else MemoryBudget.of(memory_limit)
         self.max_queue_bytes = self.memory.queue if max_queue_bytes is None else max_queue_bytes
         self.grpc_enabled = grpc_enabled
@@ -165,6 +169,7 @@ class TapeServer:
 
     def start(self) -> TapeServer:
         """Open the store, replay the WAL, bind the listeners; returns once ready to accept."""
+        read_memory.set_limit(self.memory.reads)  # the console's and the API's kept reads (process-wide)
         if self.store is None:
             self.store = _open_store(self.db, self.memory)
         try:
@@ -370,6 +375,13 @@ class TapeServer:
         finally:
             reader.close()
 
+    def _settle(self) -> None:
+        """Before a reader's first query: wait (at most ``SETTLE_S``) until what this server acknowledged
+        before is in the store, so that a command run right after an export sees it."""
+        pipeline = self.pipeline
+        if pipeline is not None:
+            pipeline.wait_stored(SETTLE_S)
+
     def _handle_query(self, body: bytes) -> tuple[int, str, bytes]:
         from otel_agenttape.store.queryapi import busy, handle_query
 
@@ -378,7 +390,7 @@ class TapeServer:
         try:
             reader = self._reader()
             try:
-                status, ctype, out = handle_query(reader, body, self.query_timeout)
+                status, ctype, out = handle_query(reader, body, self.query_timeout, settle=self._settle)
             finally:
                 reader.close()
         finally:
@@ -602,6 +614,9 @@ class TapeServer:
             "agenttape_memory_limit_bytes": ("The receiver's memory budget (--memory-limit).", self.memory.total),
             "agenttape_store_memory_limit_bytes": ("DuckDB's memory_limit, from the budget.", self.memory.store),
             "agenttape_spool_limit_bytes": ("Converter hand-off files kept for reuse, at most.", self.memory.spool),
+            "agenttape_read_cache_limit_bytes": ("What the read model may keep between reads.", self.memory.reads),
+            "agenttape_read_cache_bytes": ("What the read model keeps between reads now (runs' keys, "
+                                           "summaries, scores).", read_memory.held()),
             "agenttape_queue_lag_seconds": ("Age of the oldest accepted request not yet in the store.",
                                             p.lag_seconds if p else 0),
             "agenttape_wal_lag_records": ("WAL records not yet applied to the store.", w.lag_records if w else 0),

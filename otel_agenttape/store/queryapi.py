@@ -6,12 +6,15 @@ a long query holds no lock that other queries or ``/metrics`` wait for, and it i
 server's timeout; a request may ask for a shorter one with ``"timeout": SECONDS``. Errors come back
 as JSON {"error": message}: 400 for a refused or failed query, 408 for one interrupted at its timeout,
 503 when every query slot is taken or the file is being rewritten (an erasure, retention) for longer
-than a read waits (``store/rewrite_gate.py``).
+than a read waits (``store/rewrite_gate.py``). A reader's first request says ``"settle": true``: the
+receiver first waits (a bounded time) until what it acknowledged before is in the store.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -38,10 +41,12 @@ def busy(message: str) -> tuple[int, str, bytes]:
     return _error(503, message)
 
 
-def handle_query(reader: Reader, body: bytes,
-                 timeout: float | None = DEFAULT_QUERY_TIMEOUT) -> tuple[int, str, bytes]:
+def handle_query(reader: Reader, body: bytes, timeout: float | None = DEFAULT_QUERY_TIMEOUT,
+                 settle: Callable[[], Any] | None = None) -> tuple[int, str, bytes]:
     """Answer one query request: (HTTP status, content type, body). ``timeout`` is the server's limit
-    (None or 0: none); the request's own ``timeout`` can only lower it."""
+    (None or 0: none); the request's own ``timeout`` can only lower it. A request with ``"settle": true``
+    (a reader's first) has ``settle()`` run first: the server then waits, for a bounded time, until
+    what it acknowledged before is in the store."""
     try:
         req = json.loads(body or b"{}")
     except ValueError as exc:
@@ -56,6 +61,8 @@ def handle_query(reader: Reader, body: bytes,
         if isinstance(asked, bool) or not isinstance(asked, (int, float)) or asked <= 0:
             return _error(400, "timeout must be a positive number of seconds")
         timeout = min(float(asked), timeout) if timeout else float(asked)
+    if req.get("settle") is True and settle is not None:
+        settle()
     try:
         table = run_readonly_sql(reader, req["sql"], params, timeout=timeout)
     except QueryTimeout as exc:

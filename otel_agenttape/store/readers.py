@@ -252,12 +252,17 @@ class HttpReader(Reader):
         self.token = token
         self.timeout = timeout
         self.description = description or self.url
+        self._settled = False
 
     def query(self, sql: str, params: Sequence[Any] | None = None, timeout: float | None = None) -> pa.Table:
-        """Run ``sql`` on the server; ``timeout`` (seconds) asks it to stop the query sooner than its own limit."""
+        """Run ``sql`` on the server; ``timeout`` (seconds) asks it to stop the query sooner than its own limit.
+        The first query asks the server to settle first: spans it acknowledged before (an export that
+        just returned) are then in what this reader reads."""
         doc: dict[str, Any] = {"sql": sql, "params": list(params) if params else []}
         if timeout:
             doc["timeout"] = float(timeout)
+        if not self._settled:
+            doc["settle"] = True
         body = json.dumps(doc, default=str).encode()
         req = urllib.request.Request(
             self.url + "/api/query",
@@ -282,6 +287,7 @@ class HttpReader(Reader):
             raise QueryError(detail.strip() or f"HTTP {exc.code}") from exc
         except (urllib.error.URLError, OSError) as exc:
             raise StoreError(f"cannot reach the running server at {self.url}: {exc}") from exc
+        self._settled = True
         with ipc.open_stream(pa.BufferReader(data)) as stream:
             return stream.read_all()
 

@@ -10,6 +10,7 @@ import threading
 import weakref
 from typing import Any
 
+from ... import read_memory as memory
 from ...store.run_keys import run_keys_select
 from ..load import Reader, _rows
 from . import index_keys
@@ -60,10 +61,17 @@ class _Kept:
         self.filtered: dict[tuple[Any, ...], Any] = {}  # the matching keys of a filter, this version only
         self.linked: set[str] = set()  # refs whose parent may come from a link to spans not there yet
         self.paged = False  # a page was answered at this version (the next one reads every run's keys)
+        self.unkept = False  # every run's keys did not fit the read model's memory: pages are read from the store
+
+    def nbytes(self) -> int:
+        """What this keeps, in bytes (Arrow tables exactly, summaries at ``memory.SUMMARY_BYTES``)."""
+        keys = self.keys.nbytes if self.keys is not None else 0
+        return keys + sum(t.nbytes for t in list(self.filtered.values())) + len(self.summaries) * memory.SUMMARY_BYTES
 
 
 _KEPT: weakref.WeakKeyDictionary[Any, _Kept] = weakref.WeakKeyDictionary()
 _KEPT_LOCK = threading.Lock()
+memory.register(lambda: sum(k.nbytes() for k in list(_KEPT.values())))
 # Above this many runs touched since the kept version, all keys are read again rather than theirs.
 MAX_ADVANCE_RUNS = 2_000
 # Filters whose matching keys are kept at once (the console's filter boxes, a few at a time).
@@ -106,6 +114,9 @@ def _all_keys(reader: Reader, kept: _Kept) -> Any:
                 f"{_KEY_SELECT} FROM {run_keys_select(_KEY_COLUMNS, kept.foreign)} c", []))
             if store_version(reader) != kept.version:
                 return keys  # written to meanwhile: right for this page, not kept under the older version
+            if not memory.fits(keys.nbytes):  # right for this page; the next ones are read from the store
+                kept.unkept = True
+                return keys
             kept.keys, kept.rows_seen = keys, rows_seen
         return kept.keys
 
@@ -171,7 +182,7 @@ def kept_page(reader: Reader, kept: _Kept, filters: Filters, limit: int,
                 params))
             if len(kept.filtered) >= MAX_KEPT_FILTERS:
                 kept.filtered.clear()
-            if filters.score is None and filters.label is None:
+            if filters.score is None and filters.label is None and memory.fits(t.nbytes):
                 # not a score filter's: a score can arrive as a log record alone, which the store's
                 # version (its span count) does not see
                 kept.filtered[key] = t
@@ -196,10 +207,21 @@ def kept_page(reader: Reader, kept: _Kept, filters: Filters, limit: int,
 
 
 def kept_summaries(reader: Reader, kept: _Kept, keys: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    missing = [k for k in keys if k["ref"] not in kept.summaries]
+    """The summaries of these keys' runs, those not kept read and kept (the oldest kept ones let go
+    while the read model holds more than its bound)."""
+    have = kept.summaries
+    found = {k["ref"]: have[k["ref"]] for k in keys if k["ref"] in have}
+    missing = [k for k in keys if k["ref"] not in found]
     if missing:
         linked: set[str] = set()
         for row in summaries(reader, missing, linked=linked):
-            kept.summaries[row["ref"]] = row
+            found[row["ref"]] = row
+            have[row["ref"]] = row
         kept.linked |= linked
-    return [dict(kept.summaries[k["ref"]]) for k in keys if k["ref"] in kept.summaries]
+        over = memory.held() - memory.limit()
+        if over > 0:
+            with _KEPT_LOCK:
+                for ref in list(have)[:-(-over // memory.SUMMARY_BYTES)]:  # the oldest, as many as over
+                    have.pop(ref, None)
+                    kept.linked.discard(ref)
+    return [dict(found[k["ref"]]) for k in keys if k["ref"] in found]

@@ -34,6 +34,8 @@ def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None =
     if not 0 < limit <= MAX_LIMIT:
         raise ValueError(f"limit: between 1 and {MAX_LIMIT}")
     kept = kept_for(reader) if filters.parent is None else None
+    if kept is not None and kept.unkept:  # too many runs to keep their keys: read each page from the store
+        kept = None
     if kept is not None:
         first = None
         if not kept.paged and kept.keys is None and not kept.foreign and not cursor and filters == Filters():

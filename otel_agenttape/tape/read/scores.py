@@ -19,6 +19,7 @@ from typing import Any
 
 from ... import semconv as sc
 from ..load import Reader, _rows
+from ... import read_memory as memory
 from .kept import store_version
 
 # Longest first, so ``>=`` is not read as ``>`` followed by ``=0.8``.
@@ -156,8 +157,17 @@ def _latest(reader: Reader, refs: Sequence[str] | None) -> dict[str, dict[str, d
     return out
 
 
-_KEPT: weakref.WeakKeyDictionary[Any, tuple[Any, dict[str, dict[str, dict[str, Any]]]]] = weakref.WeakKeyDictionary()
+# reader -> (version, every run's latest scores or None when too many to keep, their size in bytes)
+_KEPT: weakref.WeakKeyDictionary[Any, tuple[Any, dict[str, dict[str, dict[str, Any]]] | None, int]] = (
+    weakref.WeakKeyDictionary())
 _KEPT_LOCK = threading.Lock()
+
+
+def _scores_bytes(found: dict[str, dict[str, dict[str, Any]]]) -> int:
+    return sum(len(by_name) for by_name in found.values()) * memory.SCORE_BYTES
+
+
+memory.register(lambda: sum(size for _, _, size in list(_KEPT.values())))
 
 
 def _version(reader: Reader) -> Any:
@@ -184,12 +194,18 @@ def latest_by_ref(reader: Reader, refs: Sequence[str]) -> dict[str, dict[str, di
         kept = None
     if kept is not None and kept[0] == version:
         found = kept[1]
+        if found is None:  # too many to keep at this version: these runs' alone
+            found = _latest(reader, refs)
     else:
         found = _latest(reader, None) if has_scores(reader) else {}
+        if kept is not None:  # the older version's go first: what is kept now is measured without them
+            with _KEPT_LOCK:
+                _KEPT.pop(reader, None)
         if _version(reader) == version:
             with _KEPT_LOCK:
-                try:
-                    _KEPT[reader] = (version, found)
+                size = _scores_bytes(found)
+                try:  # kept, or marked as too many for the read model's memory (read_memory.py)
+                    _KEPT[reader] = (version, found, size) if memory.fits(size) else (version, None, 0)
                 except TypeError:
                     pass
     return {r: {n: dict(v) for n, v in found[r].items()} for r in refs if r in found}

@@ -1,0 +1,54 @@
+"""What the read model keeps in memory between reads, and the one bound on all of it.
+
+On a store with a version (``kept.store_version``) the read model keeps, until the version changes:
+every run's keys (an Arrow table, about 165 bytes a run: 16.5 MB for 100,000 runs), each filter's
+matching keys, the run summaries read so far (about ``SUMMARY_BYTES`` each) and every run's latest
+scores. Pages are then cut from memory instead of read again. All of it, over every reader of the
+process, stays under ``limit()`` bytes (default 64 MiB; a receiver sets it to its ``--memory-limit``
+share, ``receiver/memory.py``): keys or scores that would not fit are not kept, and the pages they
+would have served are read from the store, as on a reader with no version; the oldest summaries go
+first. Nothing is left out of an answer: only what is kept for the next one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+DEFAULT_LIMIT = 64 << 20
+SUMMARY_BYTES = 2048  # a kept run summary: 25 values in a dict (measured 1.9 KB with its own strings)
+SCORE_BYTES = 512  # a kept latest score: value, label, explanation, source, ... in a dict
+
+_limit = DEFAULT_LIMIT
+_holders: list[Callable[[], int]] = []
+_lock = threading.Lock()
+
+
+def limit() -> int:
+    """Bytes the read model may keep in this process."""
+    return _limit
+
+
+def set_limit(nbytes: int) -> None:
+    """Change the bound (a receiver: its ``--memory-limit`` share); what is kept now is trimmed as
+    each holder next keeps something."""
+    global _limit
+    if nbytes < 0:
+        raise ValueError("the read model's memory limit is 0 bytes or more")
+    _limit = int(nbytes)
+
+
+def register(size: Callable[[], int]) -> None:
+    """A holder of kept reads: ``size()`` says how many bytes it keeps now."""
+    with _lock:
+        _holders.append(size)
+
+
+def held() -> int:
+    """Bytes kept now, over every holder."""
+    return sum(size() for size in list(_holders))
+
+
+def fits(nbytes: int) -> bool:
+    """Whether ``nbytes`` more can be kept."""
+    return held() + nbytes <= _limit
