@@ -9,7 +9,11 @@ of the code it loads (a bare interpreter that imports DuckDB, Arrow and the rece
 
     python bench/idle_memory.py [--spans 1000000] [--settle 3] [--dir DIR]
 
-Last line: ``idle_memory rss_mb=X started_mb=Y floor_mb=Z``.
+The receiver's child processes (its converters, started right away by ``agenttape serve``, and
+multiprocessing's resource tracker) are not in its figure; their resident memory together is printed
+beside it (``children_mb``).
+
+Last line: ``idle_memory rss_mb=X started_mb=Y floor_mb=Z children_mb=C``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,25 @@ def memory_mb(pid: int | str = "self") -> dict[str, float]:
     return out
 
 
+def children_mb(pid: int) -> tuple[int, float]:
+    """How many child processes ``pid`` has (the converter processes, multiprocessing's resource
+    tracker) and their resident memory together (MB); their pages shared with the receiver (the same
+    libraries) are counted in each."""
+    kids: list[str] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            kids += (task / "children").read_text().split()
+        except OSError:
+            pass
+    total = 0.0
+    for kid in kids:
+        try:
+            total += memory_mb(kid)["VmRSS"]
+        except OSError:
+            pass
+    return len(kids), total
+
+
 def floor_mb() -> float:
     """RSS of an interpreter that only imports what the receiver imports."""
     code = ("import duckdb, pyarrow, pyarrow.ipc, otel_agenttape.receiver.server, otel_agenttape.receiver.http;"
@@ -60,6 +83,9 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(args.dir or tempfile.mkdtemp(prefix="agenttape-idle-"))
     db = str(tmp / "idle.duckdb")
+    for path in (db, db + ".wal"):  # a store left by an earlier run would be added to, not replaced
+        if os.path.exists(path):
+            os.remove(path)
     print(f"building a store of {args.spans} spans in {db} ...", file=sys.stderr, flush=True)
     ids = replay.build(db, args.spans)
     proc = subprocess.Popen([sys.executable, "-m", "otel_agenttape.cli", "serve", "--db", db, "--http-port", "0",
@@ -77,6 +103,7 @@ def main() -> int:
         served = memory_mb(proc.pid)
         time.sleep(args.settle)
         idle = memory_mb(proc.pid)
+        kids, kids_mb = children_mb(proc.pid)
         floor = floor_mb()
         runs = len(page.get("runs", page) if isinstance(page, dict) else page)
         print(f"reads: runs page ({runs} runs), replay, tree in {reads_s:.2f}s; peak during reads "
@@ -84,8 +111,11 @@ def main() -> int:
         for name, m in (("started", started), ("idle after reads", idle)):
             print(f"{name}: {m['VmRSS']:.0f} MB = {m['RssAnon']:.0f} anonymous + {m['RssFile']:.0f} file-backed "
                   f"(shared libraries) + {m['RssShmem']:.0f} shared memory", file=sys.stderr)
+        print(f"its {kids} child processes (converters; multiprocessing's resource tracker): {kids_mb:.0f} MB "
+              f"resident together", file=sys.stderr)
         print(f"floor (imports only): {floor:.0f} MB; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
-        print(f"idle_memory rss_mb={idle['VmRSS']:.0f} started_mb={started['VmRSS']:.0f} floor_mb={floor:.0f}")
+        print(f"idle_memory rss_mb={idle['VmRSS']:.0f} started_mb={started['VmRSS']:.0f} floor_mb={floor:.0f} "
+              f"children_mb={kids_mb:.0f}")
     finally:
         proc.terminate()
         proc.wait(30)
