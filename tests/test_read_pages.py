@@ -198,10 +198,13 @@ def _ours(run_id: str, agent: str, *, parent: str | None = None, node: str | Non
     return build
 
 
-def test_pages_kept_between_writes_follow_the_store(tmp_path):
+@pytest.mark.parametrize("keep", ["everything", "nothing"])
+def test_pages_kept_between_writes_follow_the_store(tmp_path, read_limit, keep):
     """Pages of a store being written (the writer's own database, as `agenttape serve` reads it) list what
     the view lists after every write: runs that gain spans, a parent or a linked run arriving after its
-    children, and another source's spans arriving last."""
+    children, and another source's spans arriving last; also when the read model may keep nothing."""
+    if keep == "nothing":
+        read_limit(0)
     store = Store(str(tmp_path / "live.duckdb"))
     from opentelemetry.trace import SpanContext, TraceFlags
 

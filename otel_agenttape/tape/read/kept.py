@@ -99,6 +99,8 @@ def kept_for(reader: Reader) -> _Kept | None:
             new = _advance(reader, kept, version)
         if new is None:
             new = _Kept(version, 0, None, has_foreign(reader))
+            # a store only gains runs until it is rewritten: keys too many to keep stay so
+            new.unkept = kept is not None and kept.unkept and kept.version >> 40 == version >> 40
         _KEPT[reader] = new
         return new
 

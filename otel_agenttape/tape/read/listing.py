@@ -34,12 +34,13 @@ def page(reader: Reader, filters: Filters, limit: int = 50, cursor: str | None =
     if not 0 < limit <= MAX_LIMIT:
         raise ValueError(f"limit: between 1 and {MAX_LIMIT}")
     kept = kept_for(reader) if filters.parent is None else None
-    if kept is not None and kept.unkept:  # too many runs to keep their keys: read each page from the store
-        kept = None
+    first = None
+    if kept is not None and not kept.paged and kept.keys is None and not kept.foreign and not cursor and (
+            filters == Filters()):
+        first = index_keys.first_page(reader, limit)  # one page asked of a fresh reader: no full order
+    if kept is not None and kept.unkept and first is None:  # too many runs to keep their keys: read
+        kept = None  # the page from the store
     if kept is not None:
-        first = None
-        if not kept.paged and kept.keys is None and not kept.foreign and not cursor and filters == Filters():
-            first = index_keys.first_page(reader, limit)  # one page asked of a fresh reader: no full order
         kept.paged = True
         keys, total = first or kept_page(reader, kept, filters, limit, decode_cursor(cursor) if cursor else None)
         rows = kept_summaries(reader, kept, keys[:limit])
