@@ -16,6 +16,7 @@ LAYER = {
     "codec": 0,  # value and wire encodings: import nothing else of the package but ``native``,
     "native": 0,  # which finds their compiled twins and imports nothing of the package itself
     "semconv": 1, "pricing": 1, "anyvalue": 1, "atomicfile": 1, "outboxfile": 1, "walfile": 1,
+    "read_memory": 1,  # the one bound on what the read model (tape) keeps; the receiver sets it
     "integrity": 2, "resume": 2,
     "capture": 3, "store": 3,
     "receiver": 4, "tape": 4, "sessions": 4, "integrations": 4,
