@@ -215,7 +215,7 @@ def _messages_of(a: dict[str, Any], genai_key: str, role: str, oi_prefix: str, l
     return None
 
 
-_LLM_PREFIX = os.path.commonprefix([OI_LLM_TOOLS, LLM_REQUEST_FUNCTIONS])  # "llm."
+_LLM_PREFIX = os.path.commonprefix([OI_LLM_TOOLS, LLM_REQUEST_FUNCTIONS])  # "llm.", derived so it follows both
 
 
 def _has_prefix(a: dict[str, Any], prefix: str) -> bool:
@@ -283,15 +283,14 @@ def model_node(span: SpanRow, *, prompt: bool = True) -> Node:
     ]
     if prompt and a.get(sc.GEN_AI_TOOL_DEFINITIONS) is not None:
         node.tool_definitions = tool_definitions(a[sc.GEN_AI_TOOL_DEFINITIONS])
-    elif not prompt or not _has_prefix(a, _LLM_PREFIX):  # (one pass: both lists below start with it)
-        pass
-    elif _is_indexed(a, OI_LLM_TOOLS):
-        node.tool_definitions = tool_definitions(
-            [parse_any_json((t.get("tool") or {}).get("json_schema")) for t in indexed_list(a, OI_LLM_TOOLS)
-             if isinstance(t, dict)]
-        )
-    elif _is_indexed(a, LLM_REQUEST_FUNCTIONS):
-        node.tool_definitions = tool_definitions(indexed_list(a, LLM_REQUEST_FUNCTIONS))
+    elif prompt and _has_prefix(a, _LLM_PREFIX):  # one pass first: both indexed lists start with it
+        if _is_indexed(a, OI_LLM_TOOLS):
+            node.tool_definitions = tool_definitions(
+                [parse_any_json((t.get("tool") or {}).get("json_schema")) for t in indexed_list(a, OI_LLM_TOOLS)
+                 if isinstance(t, dict)]
+            )
+        elif _is_indexed(a, LLM_REQUEST_FUNCTIONS):
+            node.tool_definitions = tool_definitions(indexed_list(a, LLM_REQUEST_FUNCTIONS))
     node.usage = usage_of(a)
     node.request = {
         k: a[k]

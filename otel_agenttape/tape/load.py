@@ -219,16 +219,10 @@ def _indexed_run_traces(reader: Reader, run_id: str) -> Windows | None:
             "WHERE run_id = ? GROUP BY trace_id",
             [run_id],
         ))
-    if _is_unindexed(reader):
+    where, params = run_hash_where(run_id)
+    bounds = _index_rows(reader, _RUN_BOUNDS_SQL + where, params)
+    if bounds is None:
         return None
-    try:
-        where, params = run_hash_where(run_id)
-        bounds = _rows(reader, _RUN_BOUNDS_SQL + where, params)
-    except Exception as exc:  # noqa: BLE001 - no run_index (a lake, an older store): scan instead
-        if _missing_table(exc):
-            _remember_unindexed(reader)
-            return None
-        raise
     if not bounds or bounds[0]["first_row"] is None:
         return {}  # the writer indexes every span with a run id: not there means no such run
     b = bounds[0]
@@ -243,24 +237,34 @@ def _indexed_run_traces(reader: Reader, run_id: str) -> Windows | None:
     ))
 
 
+def _index_rows(reader: Reader, sql: str, params: Sequence[Any]) -> list[dict[str, Any]] | None:
+    """The rows of a query of the store's ``run_index``, or None when the source has none (a lake, an
+    older store: remembered for the reader, so that it is asked once)."""
+    if _is_unindexed(reader):
+        return None
+    try:
+        return _rows(reader, sql, params)
+    except Exception as exc:  # noqa: BLE001 - no run_index: the caller reads the spans instead
+        if _missing_table(exc):
+            _remember_unindexed(reader)
+            return None
+        raise
+
+
 def run_trace_window(reader: Reader, run_id: str, trace_id: str) -> Windows | None:
     """The time window of run ``run_id``'s spans in trace ``trace_id`` (a ``RUN_ID@TRACE_ID`` ref), read
     from the store's run index by both keys in one lookup: the window ``run_traces`` gives that trace,
     without reading the spans. ``{}`` when the index holds no such run in that trace; None when the
     source has no run index (a lake, a store no writer has opened since the index came): the caller
     then reads the trace's window from its spans."""
-    if getattr(reader, "kind", None) == "lake" or getattr(reader, "run_index_view", None) or _is_unindexed(reader):
+    if getattr(reader, "kind", None) == "lake" or getattr(reader, "run_index_view", None):
         return None
     run_key, trace_key = run_hash(run_id), run_hash(trace_id)
     if run_key is None or trace_key is None:
         return None
-    try:
-        found = _rows(reader, _RUN_WINDOW_SQL, [run_key, trace_key])
-    except Exception as exc:  # noqa: BLE001 - no run_index: the caller reads the spans instead
-        if _missing_table(exc):
-            _remember_unindexed(reader)
-            return None
-        raise
+    found = _index_rows(reader, _RUN_WINDOW_SQL, [run_key, trace_key])
+    if found is None:
+        return None
     if not found or found[0]["lo"] is None:
         return {}
     return {trace_id: (int(found[0]["lo"]), int(found[0]["hi"]))}

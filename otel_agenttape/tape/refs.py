@@ -71,7 +71,7 @@ def resolve(reader: Reader, ref: str) -> Resolved:
     run_id, trace_id = split_ref(ref)
     if trace_id is not None:
         if run_id != trace_id:  # the run index has the pair: its window, as a bare run id would get
-            windows = run_trace_window(reader, run_id, trace_id) or {}
+            windows = run_trace_window(reader, run_id, trace_id)
             if windows:
                 return Resolved(run_id, trace_id, windows)
         windows = trace_windows(reader, [trace_id])

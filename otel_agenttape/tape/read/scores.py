@@ -17,9 +17,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ... import read_memory as memory
 from ... import semconv as sc
 from ..load import Reader, _rows
-from ... import read_memory as memory
 from .kept import store_version
 
 # Longest first, so ``>=`` is not read as ``>`` followed by ``=0.8``.
