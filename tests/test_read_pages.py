@@ -253,3 +253,26 @@ def test_pages_kept_between_writes_follow_the_store(tmp_path, read_limit, keep):
         tapes.close()
     finally:
         store.close()
+
+
+def test_kept_keys_that_grow_past_the_bound_are_let_go(tmp_path, read_limit):
+    """Keys kept while they fit are not kept past the bound when runs arrive: the next pages still list
+    what the view lists, and what is kept stays under the bound."""
+    from otel_agenttape import read_memory
+
+    store = Store(str(tmp_path / "grow.duckdb"))
+    try:
+        store.write_traces([_spans(_ours(f"run-{i}", "first")) for i in range(6)])
+        tapes = otel_agenttape.open(store)
+        _paged(tapes)
+        _paged(tapes)  # the second pass reads every run's keys and keeps them
+        from otel_agenttape.tape.read.kept import _KEPT
+
+        read_limit(_KEPT[tapes.reader].keys.nbytes)  # room for the keys kept now, and nothing more
+        store.write_traces([_spans(_ours("run-more", "later"))])  # one run more: its keys merged in
+        listed, totals = _paged(tapes)
+        assert listed == _view(tapes, Filters()) and totals == {7}
+        assert read_memory.held() <= read_memory.limit()
+        tapes.close()
+    finally:
+        store.close()

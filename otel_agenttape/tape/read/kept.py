@@ -150,6 +150,8 @@ def _advance(reader: Reader, kept: _Kept, version: int) -> _Kept | None:
     refs = fresh.column("ref")
     rest = kept.keys.filter(pc.invert(pc.is_in(kept.keys["ref"], value_set=refs.combine_chunks())))
     out = _Kept(version, rows_seen, _sorted(pa.concat_tables([rest, fresh.cast(rest.schema)])), False)
+    if not memory.fits(out.keys.nbytes - kept.keys.nbytes):  # grown past the bound: read again, then decided
+        return None
     touched = set(run_ids)
     changed = set(refs.to_pylist())
     out.summaries = {ref: row for ref, row in kept.summaries.items()
