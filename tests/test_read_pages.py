@@ -4,6 +4,8 @@ that mixes agenttape runs (complete, incomplete, a run id reused in two traces) 
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
@@ -164,6 +166,8 @@ def test_pages_are_the_same_whatever_the_read_model_may_keep(mixed, read_limit):
         kept_all = read_memory.held()
         assert kept_all > 0  # the keys, the summaries read and the scores
     summaries = len(expected["{}"])
+    gc.collect()  # readers of earlier tests left unclosed: what they keep counts under the same bound
+    assert read_memory.held() == 0  # closing the read model let go of what it kept
     for limit in (0, kept_all - (summaries - 3) * read_memory.SUMMARY_BYTES, kept_all // 2):
         read_limit(max(0, limit))
         with otel_agenttape.open(mixed) as tapes:
@@ -260,6 +264,7 @@ def test_kept_keys_that_grow_past_the_bound_are_let_go(tmp_path, read_limit):
     what the view lists, and what is kept stays under the bound."""
     from otel_agenttape import read_memory
 
+    gc.collect()  # readers of earlier tests left unclosed: what they keep counts under the same bound
     store = Store(str(tmp_path / "grow.duckdb"))
     try:
         store.write_traces([_spans(_ours(f"run-{i}", "first")) for i in range(6)])

@@ -78,6 +78,15 @@ MAX_ADVANCE_RUNS = 2_000
 MAX_KEPT_FILTERS = 32
 
 
+def forget(reader: Reader) -> None:
+    """Let go of what is kept for ``reader`` (it is being closed)."""
+    with _KEPT_LOCK:
+        try:
+            _KEPT.pop(reader, None)
+        except TypeError:  # a reader that cannot be weakly referenced: nothing was kept for it
+            pass
+
+
 def kept_for(reader: Reader) -> _Kept | None:
     """What is kept for the store's current version (brought up to it from an older one), or None."""
     version = store_version(reader)

@@ -170,6 +170,15 @@ def _scores_bytes(found: dict[str, dict[str, dict[str, Any]]]) -> int:
 memory.register(lambda: sum(size for _, _, size in list(_KEPT.values())))
 
 
+def forget(reader: Reader) -> None:
+    """Let go of the scores kept for ``reader`` (it is being closed)."""
+    with _KEPT_LOCK:
+        try:
+            _KEPT.pop(reader, None)
+        except TypeError:
+            pass
+
+
 def _version(reader: Reader) -> Any:
     """What changes whenever a score can have arrived: the span count (``kept.store_version``) and, as a
     score can come as a log record alone, the log record count; None when there is no cheap such number."""

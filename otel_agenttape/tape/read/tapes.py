@@ -20,9 +20,11 @@ from ..refs import RunNotFound, resolve
 from ...pricing import Prices
 from .cost import CALL_COSTS, add_tree_cost, call_costs, calls_of_runs, price_summaries, run_cost, total_of
 from .filters import Filters, as_ns
+from .kept import forget as forget_kept
 from .kept import store_version
 from .listing import all_matching, by_refs, page, trace_runs
 from .otlp import spans_otlp
+from .scores import forget as forget_scores
 from .scores import label_filters, list_scores, score_filters, score_summaries
 from .steps import step_dicts
 from .summary import Page, RunSummary
@@ -91,7 +93,10 @@ class Tapes:
     # --- lifetime ---------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the source (the file, the lake's connection, an in-memory store of OTLP files)."""
+        """Release the source (the file, the lake's connection, an in-memory store of OTLP files) and
+        what the read model keeps for it."""
+        forget_kept(self.reader)
+        forget_scores(self.reader)
         if self._owns:
             close = getattr(self.reader, "close", None)
             if close is not None:
