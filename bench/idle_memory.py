@@ -2,18 +2,22 @@
 
 Builds a store of ``--spans`` spans (default 1,000,000; ``replay.py``'s builder), starts ``agenttape
 serve`` on it (its own process, free loopback ports), reads the first runs page, a run's replay and
-a 1 + 20 run tree through the console's API, waits ``--settle`` seconds and reads the process's
-resident memory (``VmRSS``, split into anonymous, file-backed and shared-memory pages). Baselines
-measured in the same run: the same server right after it started (before any read), and the floor
-of the code it loads (a bare interpreter that imports DuckDB, Arrow and the receiver, no store).
+a 1 + 20 run tree through the console's API, and reads the process's resident memory (``VmRSS``,
+split into anonymous, file-backed and shared-memory pages) ``--settle`` seconds later, and again
+once the receiver has been quiet for ``--release-after`` seconds (``serve --release-after``, which
+gives idle memory back: ``receiver/quiet.py``; the bench shortens the default 60 s to keep the run
+short). Baselines measured in the same run: the same server right after it started (before any
+read), the same server after the reads but before its quiet release, and the floor of the code it
+loads (a bare interpreter that imports DuckDB, Arrow and the receiver, no store).
 
-    python bench/idle_memory.py [--spans 1000000] [--settle 3] [--dir DIR]
+    python bench/idle_memory.py [--spans 1000000] [--settle 3] [--release-after 5] [--dir DIR]
 
-The receiver's child processes (its converters, started right away by ``agenttape serve``, and
-multiprocessing's resource tracker) are not in its figure; their resident memory together is printed
-beside it (``children_mb``).
+The receiver's child processes (its converters, started right away by ``agenttape serve`` and
+stopped by the quiet release, and multiprocessing's resource tracker) are not in its figure; their
+resident memory together is printed beside it, before the release (``children_held_mb``) and after
+(``children_mb``).
 
-Last line: ``idle_memory rss_mb=X started_mb=Y floor_mb=Z children_mb=C``.
+Last line: ``idle_memory rss_mb=X held_mb=H started_mb=Y floor_mb=Z children_mb=C children_held_mb=D``.
 """
 
 from __future__ import annotations
@@ -79,9 +83,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--spans", type=int, default=1_000_000)
     ap.add_argument("--settle", type=float, default=3.0)
+    ap.add_argument("--release-after", type=float, default=5.0)
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     tmp = Path(args.dir or tempfile.mkdtemp(prefix="agenttape-idle-"))
+    tmp.mkdir(parents=True, exist_ok=True)
     db = str(tmp / "idle.duckdb")
     for path in (db, db + ".wal"):  # a store left by an earlier run would be added to, not replaced
         if os.path.exists(path):
@@ -89,7 +95,8 @@ def main() -> int:
     print(f"building a store of {args.spans} spans in {db} ...", file=sys.stderr, flush=True)
     ids = replay.build(db, args.spans)
     proc = subprocess.Popen([sys.executable, "-m", "otel_agenttape.cli", "serve", "--db", db, "--http-port", "0",
-                             "--grpc-port", "0", "--json"], stdout=subprocess.PIPE, text=True)
+                             "--grpc-port", "0", "--json", "--release-after", str(args.release_after)],
+                            stdout=subprocess.PIPE, text=True)
     try:
         port = json.loads(proc.stdout.readline())["http_port"]
         time.sleep(args.settle)
@@ -102,20 +109,24 @@ def main() -> int:
         reads_s = time.perf_counter() - t0
         served = memory_mb(proc.pid)
         time.sleep(args.settle)
+        held = memory_mb(proc.pid)  # idle, before the quiet release (when --settle < --release-after)
+        _, kids_held_mb = children_mb(proc.pid)
+        time.sleep(max(0.0, args.release_after - args.settle) + 3.0)  # the release, and a second to look
         idle = memory_mb(proc.pid)
         kids, kids_mb = children_mb(proc.pid)
         floor = floor_mb()
         runs = len(page.get("runs", page) if isinstance(page, dict) else page)
         print(f"reads: runs page ({runs} runs), replay, tree in {reads_s:.2f}s; peak during reads "
               f"{served['VmHWM']:.0f} MB", file=sys.stderr)
-        for name, m in (("started", started), ("idle after reads", idle)):
+        for name, m in (("started", started), (f"{args.settle:g} s after the reads", held),
+                        (f"quiet for {args.release_after:g} s (released)", idle)):
             print(f"{name}: {m['VmRSS']:.0f} MB = {m['RssAnon']:.0f} anonymous + {m['RssFile']:.0f} file-backed "
                   f"(shared libraries) + {m['RssShmem']:.0f} shared memory", file=sys.stderr)
-        print(f"its {kids} child processes (converters; multiprocessing's resource tracker): {kids_mb:.0f} MB "
-              f"resident together", file=sys.stderr)
+        print(f"its child processes (converters; multiprocessing's resource tracker): {kids_held_mb:.0f} MB "
+              f"resident together before the release, {kids_mb:.0f} MB ({kids} processes) after", file=sys.stderr)
         print(f"floor (imports only): {floor:.0f} MB; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
-        print(f"idle_memory rss_mb={idle['VmRSS']:.0f} started_mb={started['VmRSS']:.0f} floor_mb={floor:.0f} "
-              f"children_mb={kids_mb:.0f}")
+        print(f"idle_memory rss_mb={idle['VmRSS']:.0f} held_mb={held['VmRSS']:.0f} started_mb={started['VmRSS']:.0f} "
+              f"floor_mb={floor:.0f} children_mb={kids_mb:.0f} children_held_mb={kids_held_mb:.0f}")
     finally:
         proc.terminate()
         proc.wait(30)

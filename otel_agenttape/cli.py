@@ -25,6 +25,17 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"AGENTTAPE_{name}", default)
 
 
+def _seconds(text: str) -> float:
+    """A duration in seconds, 0 or more (argparse names the flag when it is not)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
+    return value
+
+
 def default_db() -> str:
     return _env("DB", "./agenttape.duckdb") or "./agenttape.duckdb"
 
@@ -135,6 +146,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", default=_env("MEMORY_LIMIT"), metavar="SIZE",
                    help="the receiver's memory, split between DuckDB, the ingest queue and the converter spool "
                         "(default 512MB; env AGENTTAPE_MEMORY_LIMIT; see docs/operations.md)")
+    p.add_argument("--release-after", type=_seconds, default=_env("RELEASE_AFTER", "60"), metavar="SECONDS",
+                   help="after this long with no write, read or request, stop the converter processes and give "
+                        "DuckDB's cached blocks back; they return when needed (default 60; 0: never; "
+                        "env AGENTTAPE_RELEASE_AFTER)")
     from otel_agenttape.receiver import limits as lim  # the defaults live with the receiver (no heavy imports)
 
     p.add_argument("--max-body", type=int, default=lim.DEFAULT_MAX_BODY, metavar="BYTES",

@@ -175,8 +175,9 @@ def test_writes_run_on_one_thread_and_reads_get_theirs_back(tmp_path):
 
 
 def _assert_locked(store) -> None:
-    """Settings other than those the writer switches stay locked (``/api/query`` relies on it)."""
-    for statement in ("SET enable_external_access = true", "SET memory_limit = '8GB'"):
+    """Settings other than those the writer switches (threads, checkpoint_threshold, memory_limit) stay
+    locked (``/api/query`` relies on it, besides refusing every SET)."""
+    for statement in ("SET enable_external_access = true", "SET temp_directory = '/tmp/elsewhere'"):
         with pytest.raises(duckdb.Error):
             store.con.execute(statement)
 

@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         query_timeout=args.query_timeout,
         memory_limit=_memory(args.memory_limit),
         warm_workers=True,
+        release_after=args.release_after,
         lake=args.lake,
         receiver_id=args.receiver_id,
         lake_interval=args.lake_interval,

@@ -60,7 +60,8 @@ class BatchWriter:
     """Writes batches of queued requests to the store and hands what was stored on (sink, hook)."""
 
     def __init__(self, store: Any, metrics: Metrics, sink: Any = None, on_stored: Any = None,
-                 pool: ConvertPool | None = None, pool_threshold: int = 4000, chunk_items: int = 8000) -> None:
+                 pool: ConvertPool | None = None, pool_threshold: int = 4000, chunk_items: int = 8000,
+                 quiet: Any = None) -> None:
         self.store = store
         self.metrics = metrics
         self.sink = sink  # optional ParquetSink: gets exactly the rows each write stored
@@ -70,6 +71,7 @@ class BatchWriter:
         self.pool = pool
         self.pool_threshold = pool_threshold  # a backlog of this many spans/records starts the pool
         self.chunk_items = chunk_items
+        self.quiet = quiet  # quiet.QuietRelease: told of each write, asked at each idle second
         # held by each write from the store to the sink and the hook: an erasure that holds it sees no
         # write between the two (rows stored before it but handed to the Parquet sink after)
         self.handoff = threading.Lock()
@@ -81,6 +83,8 @@ class BatchWriter:
 
     def _write(self, batch: list[Queued]) -> None:
         start = time.perf_counter()
+        if self.quiet is not None:
+            self.quiet.stored()
         if not self.converts:
             traces = [it.message() for it in batch if it.kind == KIND_TRACES]
             logs = [it.message() for it in batch if it.kind == KIND_LOGS]
@@ -161,8 +165,9 @@ class BatchWriter:
             log.error("parquet sink failed: %s", exc)
 
     def idle(self) -> None:
-        """Nothing stored for a second: let the sink roll its file, and tell the store (it gives queries
-        back the threads it keeps to one while writing, see ``Store.writes_paused``)."""
+        """Nothing stored for a second: let the sink roll its file, tell the store (it gives queries
+        back the threads it keeps to one while writing, see ``Store.writes_paused``), and after a longer
+        quiet spell give idle memory back (``quiet.py``)."""
         if self.sink is not None:
             try:
                 self.sink.maybe_roll()
@@ -175,6 +180,11 @@ class BatchWriter:
                 paused()
             except Exception as exc:  # noqa: BLE001 - queries merely stay on fewer threads
                 log.warning("store idle hook failed: %s", exc)
+        if self.quiet is not None:
+            try:
+                self.quiet.check()
+            except Exception as exc:  # noqa: BLE001 - the memory merely stays in use
+                log.warning("releasing idle memory failed: %s", exc)
 
     def close(self) -> None:
         """Close the sink (the writer thread stopped)."""

@@ -107,6 +107,10 @@ class ConvertPool:
         self._spool: str | None = None
         self._bodies = spool.Recycler(spool_bytes // 2)  # spool files to write again
         self._rows = spool.Recycler(spool_bytes // 2)
+        self._busy = 0  # requests and chunks in the workers now
+        self.last_used = time.monotonic()  # when a request or chunk last went to the workers
+        # start again at the next request after ``stop`` (a long-running server's pool, see ``stop``)
+        self.restart_on_use = False
 
     @property
     def running(self) -> bool:
@@ -162,23 +166,68 @@ class ConvertPool:
             with self._lock:
                 self._starting = False
 
+    def stop(self, quiet_seconds: float = 0.0) -> bool:
+        """Stop the workers and drop the hand-off files when nothing went to them for ``quiet_seconds``
+        and nothing is in them now: a quiet receiver gives their memory back (each worker holds its own
+        interpreter, about 70 MB). Requests are then prepared in the main process until the pool starts
+        again: on a backlog, or at the next request when ``restart_on_use``. Returns whether it stopped."""
+        with self._lock:
+            pool = self._pool
+            if (pool is None or self._busy or self._starting
+                    or time.monotonic() - self.last_used < quiet_seconds):
+                return False
+            self._pool = None
+            folder, self._spool = self._spool, None
+            self._bodies.clear()
+            self._rows.clear()
+        pool.shutdown(wait=True, cancel_futures=True)
+        if folder is not None:
+            spool.remove(folder)
+        log.info("row-conversion workers stopped after %.0f s without requests", quiet_seconds)
+        return True
+
+    def _enter(self) -> tuple[ProcessPoolExecutor | None, str | None]:
+        """The running pool and its spool folder, counted busy until ``_leave``."""
+        with self._lock:
+            self._busy += 1
+            self.last_used = time.monotonic()
+            return self._pool, self._spool
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            self.last_used = time.monotonic()
+
     def submit(self, kind: int, payloads: list[bytes]) -> Future:
         """Convert already validated requests in a worker (starting the pool if needed)."""
         self.start()
-        pool = self._pool
-        if pool is None:
-            raise RuntimeError("the conversion pool is closed")
-        future = pool.submit(convert_payloads, kind, payloads)
+        pool, _ = self._enter()
+        try:
+            if pool is None:
+                raise RuntimeError("the conversion pool is closed")
+            future = pool.submit(convert_payloads, kind, payloads)
+        except BaseException:
+            self._leave()
+            raise
+        future.add_done_callback(lambda f: self._leave())
         future.add_done_callback(lambda f: self._discard(pool) if not f.cancelled() and isinstance(
             f.exception(), BrokenProcessPool) else None)
         return future
 
     def prepare(self, kind: int, body: bytes, media: str, max_items: int | None = None) -> Any:
-        """Decode, validate and convert one request body in a worker; returns its ``Prepared`` (the pool
-        must be running). Raises what ``prepare.prepare`` raises (``DecodeError``, ``TooManyItems``)."""
-        pool, folder = self._pool, self._spool
-        if pool is None or folder is None:
-            raise RuntimeError("the conversion pool is not running")
+        """Decode, validate and convert one request body in a worker; returns its ``Prepared``, or None
+        when the pool is not running (not started, or stopped since the caller looked). Raises what
+        ``prepare.prepare`` raises (``DecodeError``, ``TooManyItems``)."""
+        pool, folder = self._enter()
+        try:
+            if pool is None or folder is None:
+                return None
+            return self._prepare(pool, folder, kind, body, media, max_items)
+        finally:
+            self._leave()
+
+    def _prepare(self, pool: ProcessPoolExecutor, folder: str, kind: int, body: bytes, media: str,
+                 max_items: int | None) -> Any:
         path = spool.put_body(folder, body, self._bodies.take())
         rows_path = self._rows.take()
         try:

@@ -6,7 +6,8 @@ load or with the store, each bounded here: DuckDB's buffer manager (its ``memory
 accepted requests that wait for the store (their rows, or their bodies while rows are still to be
 built: past the bound a request gets 429), the converter hand-off files kept in shared memory for
 reuse, and what the read model keeps between reads for the console and the API (runs' keys, summaries
-and scores: ``read_memory.py``). ``agenttape doctor`` and ``/metrics`` show each bound.
+and scores: ``read_memory.py``). ``agenttape doctor`` and ``/metrics`` show each bound. After a quiet
+spell the converters stop and DuckDB's cached blocks go back to the system (``quiet.py``).
 """
 
 from __future__ import annotations

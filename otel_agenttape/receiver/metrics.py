@@ -46,6 +46,8 @@ _HELP: dict[str, str] = {
     "agenttape_queries_timed_out_total": "Queries interrupted at the query timeout.",
     "agenttape_requests_too_many_items_total": "Requests refused for holding more spans (log records) than allowed.",
     "agenttape_http_refused_total": "HTTP connections or requests cut off by a limit, by reason.",
+    "agenttape_quiet_releases_total": "Quiet spells after which idle memory was given back (converters, cached blocks).",
+    "agenttape_quiet_released_store_bytes_total": "Bytes of cached store blocks given back after quiet spells.",
 }
 
 _HISTOGRAMS: dict[str, str] = {

@@ -23,6 +23,7 @@ from typing import Any
 from otel_agenttape.codec.otlp_decode import BodyTooLarge, DecodeError
 from otel_agenttape.receiver.batch_writer import BatchWriter, Queued
 from otel_agenttape.receiver.convert import ConvertPool
+from otel_agenttape.receiver.quiet import QuietRelease
 from otel_agenttape.receiver.metrics import Metrics
 from otel_agenttape.receiver.prepare import Prepared, prepare
 from otel_agenttape.receiver.wal import WriteAheadLog
@@ -69,6 +70,7 @@ class IngestPipeline:
         chunk_items: int = 8000,
         admission_wait: float = DEFAULT_ADMISSION_WAIT,
         on_stored: Any = None,
+        release_after: float = 0.0,
     ) -> None:
         self.store = store
         self.sink = sink  # optional ParquetSink: gets exactly the rows each write stored
@@ -76,7 +78,10 @@ class IngestPipeline:
         self.converts = hasattr(store, "write_tables")
         self.pool = pool if pool is not None and pool.workers > 0 and self.converts else None
         self.pool_threshold = pool_threshold  # a backlog of this many spans/records starts the pool
-        self.writer = BatchWriter(store, metrics, sink, on_stored, self.pool, pool_threshold, chunk_items)
+        # after ``release_after`` quiet seconds, idle memory goes back to the system (quiet.py; 0: never)
+        self.quiet = QuietRelease(store, self.pool, release_after, metrics)
+        self.writer = BatchWriter(store, metrics, sink, on_stored, self.pool, pool_threshold, chunk_items,
+                                  quiet=self.quiet)
         self.wal = wal
         self.metrics = metrics
         self.max_queue_bytes = max_queue_bytes
@@ -117,11 +122,15 @@ class IngestPipeline:
         pool = self.pool
         if pool is not None and pool.running:
             try:
-                return pool.prepare(kind, body, media, max_items)
+                prepared = pool.prepare(kind, body, media, max_items)
+                if prepared is not None:  # else the pool stopped meanwhile (a quiet spell ended): here
+                    return prepared
             except (DecodeError, BodyTooLarge):
                 raise
             except Exception as exc:  # noqa: BLE001 - a broken worker: prepare here instead
                 log.warning("preparing a request in a worker failed (%s); preparing it here", exc)
+        elif pool is not None and pool.restart_on_use:
+            pool.start_in_background()  # stopped after a quiet spell: requests come again
         return prepare(kind, body, media, convert=self.converts, max_items=max_items)
 
     def accept(self, kind: int, request: Any, payload: bytes, count: int, tables: Any = None) -> None:

@@ -22,6 +22,7 @@ import orjson
 
 from otel_agenttape import read_memory
 from otel_agenttape.receiver.convert import ConvertPool, default_workers
+from otel_agenttape.receiver.quiet import DEFAULT_RELEASE_AFTER
 from otel_agenttape.receiver.grpc import GrpcReceiver
 from otel_agenttape.receiver.http import HttpContext, HttpReceiver
 from otel_agenttape.receiver.limits import DEFAULT_MAX_BODY, Limits
@@ -106,6 +107,7 @@ class TapeServer:
         metrics_otlp_endpoint: str | None = None,
         metrics_otlp_interval: float = 15.0,
         memory_limit: MemoryBudget | int | str | None = None,
+        release_after: float = DEFAULT_RELEASE_AFTER,
     ) -> None:
         self.db = None if db is None else str(db)
         self.host = host
@@ -125,6 +127,10 @@ class TapeServer:
         # processes decoding and converting requests to rows (None: one per core, up to 4; 0: in-process)
         self.ingest_workers = default_workers() if ingest_workers is None else ingest_workers
         self.warm_workers = warm_workers  # start the converter processes right away (long-running servers)
+        if release_after < 0:
+            raise ValueError(f"release_after must be 0 (never) or more seconds, not {release_after:g}")
+        # after this many quiet seconds, idle memory goes back to the system (receiver/quiet.py; 0: never)
+        self.release_after = float(release_after)
         self._own_wal_tmp = False
         if wal_dir is not None:
             self.wal_dir = Path(wal_dir)
@@ -179,8 +185,10 @@ class TapeServer:
                 from otel_agenttape.store.parquet import ParquetSink
 
                 sink = ParquetSink(self.parquet_dir)
+            pool = ConvertPool(self.ingest_workers, self.memory.spool)
+            pool.restart_on_use = self.warm_workers  # kept running: back at the next request after a quiet spell
             self.pipeline = IngestPipeline(self.store, self.wal, self.metrics, max_queue_bytes=self.max_queue_bytes,
-                                           sink=sink, pool=ConvertPool(self.ingest_workers, self.memory.spool),
+                                           sink=sink, pool=pool, release_after=self.release_after,
                                            on_stored=self.span_metrics.observe if self.span_metrics else None)
             service = ExportService(self.pipeline, self.metrics, is_ready=lambda: self._ready,
                                     max_items=self.limits.max_spans_per_request)
@@ -615,6 +623,8 @@ class TapeServer:
             "agenttape_store_memory_limit_bytes": ("DuckDB's memory_limit, from the budget.", self.memory.store),
             "agenttape_spool_limit_bytes": ("Converter hand-off files kept for reuse, at most.", self.memory.spool),
             "agenttape_read_cache_limit_bytes": ("What the read model may keep between reads.", self.memory.reads),
+            "agenttape_converter_processes": ("Converter processes running now (they stop after a quiet spell).",
+                                              p.pool.workers if p and p.pool is not None and p.pool.running else 0),
             "agenttape_read_cache_bytes": ("What the read model keeps between reads now (runs' keys, "
                                            "summaries, scores).", read_memory.held()),
             "agenttape_queue_lag_seconds": ("Age of the oldest accepted request not yet in the store.",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -47,6 +48,7 @@ class RewriteGate:
         self._rewriting = False
         self._local = threading.local()  # reads nested in one thread pass (a query inside a read)
         self.waited_reads = 0  # reads that waited for a rewrite (for tests and /metrics)
+        self._last_read = time.monotonic()  # when the last read ended (``last_read``)
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
@@ -67,15 +69,23 @@ class RewriteGate:
             if depth == 0:
                 with self._cond:
                     self._readers -= 1
+                    self._last_read = time.monotonic()
                     self._cond.notify_all()
 
+    def last_read(self) -> float:
+        """``time.monotonic()`` when the last read ended; now while one runs (how long reads were quiet)."""
+        with self._cond:
+            return time.monotonic() if self._readers else self._last_read
+
     @contextlib.contextmanager
-    def rewriting(self) -> Iterator[bool]:
-        """Hold new reads back and wait for the running ones (bounded); yields whether they all ended."""
+    def rewriting(self, drain_seconds: float | None = None) -> Iterator[bool]:
+        """Hold new reads back and wait for the running ones (bounded: ``drain_seconds``, by default the
+        gate's); yields whether they all ended."""
         with self._cond:
             self._cond.wait_for(lambda: not self._rewriting)  # one rewrite at a time
             self._rewriting = True
-            drained = self._cond.wait_for(lambda: self._readers == 0, self.drain_seconds)
+            drained = self._cond.wait_for(lambda: self._readers == 0,
+                                          self.drain_seconds if drain_seconds is None else drain_seconds)
         try:
             yield drained
         finally:

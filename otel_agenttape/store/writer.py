@@ -73,6 +73,11 @@ def locked_config(threads: int | None = None, memory_limit: str | None = None) -
     return config
 
 
+def _buffer_bytes(con: duckdb.DuckDBPyConnection) -> int:
+    """Bytes DuckDB holds in memory now (its buffer manager's tags)."""
+    return int(con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchall()[0][0])
+
+
 def _key(table: pa.Table, cols: list[str]) -> pa.Array:
     if len(cols) == 1:
         return table.column(cols[0])
@@ -148,6 +153,9 @@ class Store:
         self._checkpoint_at_once = False  # checkpoint_threshold is _CHECKPOINT_DEFAULT
         if path:
             allowed.append("checkpoint_threshold")  # see BIG_WRITE_BYTES
+        self._memory_limit = memory_limit if path else None
+        if self._memory_limit:
+            allowed.append("memory_limit")  # lowered for a moment to give cached blocks back (release_memory)
         if allowed:
             config["allowed_configs"] = allowed
         # Rows are only appended, never deleted, so a checkpoint has nothing to vacuum; but by default
@@ -242,6 +250,30 @@ class Store:
             if self._writing and not self._closed:
                 self.con.execute(f"SET threads = {self._read_threads}")
                 self._writing = False
+
+    def release_memory(self) -> int:
+        """Give back the blocks DuckDB keeps cached in memory (a quiet receiver: they only speed up reads
+        that may not come for hours). Its ``memory_limit`` is lowered for a moment, which makes the buffer
+        manager drop every block it can, and then set back. Writes wait; reads wait for the few
+        milliseconds it takes, and nothing is done while a read runs. Returns the bytes given back
+        (``duckdb_memory()`` before and after)."""
+        if self._closed or not self._memory_limit:
+            return 0
+        with self.gate.rewriting(drain_seconds=0) as alone:
+            if not alone:  # a read is running: it may need the memory; another quiet spell will come
+                return 0
+            with self._lock:
+                if self._closed:
+                    return 0
+                con = self.con
+                before = _buffer_bytes(con)
+                try:
+                    con.execute("SET memory_limit = '1MiB'")
+                except duckdb.Error:  # pinned blocks above the lower limit: what could go went
+                    pass
+                finally:
+                    con.execute(f"SET memory_limit = '{self._memory_limit}'")
+                return max(0, before - _buffer_bytes(con))
 
     def _insert(self, con: duckdb.DuckDBPyConnection, t: rows.Tables) -> WriteResult:
         out = WriteResult(duplicates=t.in_batch_duplicates - t.in_batch_conflicts, conflicts=t.in_batch_conflicts,

@@ -1,0 +1,164 @@
+"""A quiet receiver gives back the memory that served the busy time (``receiver/quiet.py``): its converter
+processes stop and DuckDB's cached blocks go, and each comes back when requests and reads do."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import httpx
+import pytest
+from receiver_util import span_keys, stored_keys, trace_request
+
+from otel_agenttape.cli import main
+from otel_agenttape.receiver.quiet import QuietRelease
+from otel_agenttape.receiver.server import TapeServer
+from otel_agenttape.store.writer import Store
+
+PB = {"content-type": "application/x-protobuf"}
+
+
+def _wait(pred, seconds: float = 60.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return os.path.exists(f"/proc/{pid}") and "zombie" not in _state(pid)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next((line for line in fh if line.startswith("State:")), "").lower()
+    except OSError:
+        return "zombie"
+
+
+def _gauge(server: TapeServer, name: str) -> float:
+    for line in server.render_metrics().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} is not on /metrics")
+
+
+def test_a_quiet_receiver_stops_its_converters_and_they_come_back_with_requests(tmp_path):
+    server = TapeServer(str(tmp_path / "q.duckdb"), http_port=0, grpc_port=0, ingest_workers=1, warm_workers=True,
+                        release_after=1.0).start()
+    pool = server.pipeline.pool
+    try:
+        assert _wait(lambda: pool.running), "the converters never started"
+        sent = [trace_request(4)]
+        with httpx.Client(timeout=30) as client:
+            assert client.post(f"{server.url}/v1/traces", content=sent[0].SerializeToString(), headers=PB).status_code == 200
+            pids = list(pool._pool._processes)
+            folder = pool.spool_folder
+            assert pids and _gauge(server, "agenttape_converter_processes") == 1
+            # a second without writes, reads or requests: the workers and their hand-off files go
+            assert _wait(lambda: not pool.running, 30), "the converters kept running on a quiet receiver"
+            assert _wait(lambda: not any(_alive(pid) for pid in pids), 30)
+            assert not os.path.exists(folder)
+            assert _gauge(server, "agenttape_converter_processes") == 0
+            assert _gauge(server, "agenttape_quiet_releases_total") >= 1
+            # the next request is answered at once (prepared here) and brings the workers back
+            sent.append(trace_request(3))
+            assert client.post(f"{server.url}/v1/traces", content=sent[1].SerializeToString(), headers=PB).status_code == 200
+            assert _wait(lambda: pool.running), "the converters did not come back with the requests"
+            assert not set(pool._pool._processes) & set(pids)
+            sent.append(trace_request(2))
+            assert client.post(f"{server.url}/v1/traces", content=sent[2].SerializeToString(), headers=PB).status_code == 200
+        assert stored_keys(server) == set().union(*(span_keys(r) for r in sent))  # nothing lost on the way
+    finally:
+        server.stop()
+
+
+def _store_with_rows(path: str, n: int = 40) -> Store:
+    store = Store(path, memory_limit="64MiB")
+    store.write_traces([trace_request(100, attrs={"text": "x" * 2000, "i": i}) for i in range(n)])
+    return store
+
+
+def test_release_gives_the_cached_blocks_back_and_reads_come_out_the_same(tmp_path):
+    store = _store_with_rows(str(tmp_path / "r.duckdb"))
+    reader = store.reader()
+    sql = "SELECT count(*), sum(length(attributes)) FROM spans"
+    before = reader.query(sql).to_pylist()
+    cached = store.con.sql("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()[0][0]
+    released = store.release_memory()
+    left = store.con.sql("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()[0][0]
+    assert released > 0 and left < cached, (cached, released, left)
+    limit = store.con.sql("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    assert limit.replace(" ", "") in ("64.0MiB", "64MiB")  # the bound is back
+    assert reader.query(sql).to_pylist() == before
+    store.close()
+
+
+def test_release_waits_for_no_read_and_blocks_none(tmp_path):
+    store = _store_with_rows(str(tmp_path / "b.duckdb"), n=2)
+    inside, leave = threading.Event(), threading.Event()
+
+    def long_read():
+        with store.gate.reading():
+            inside.set()
+            leave.wait(30)
+
+    t = threading.Thread(target=long_read)
+    t.start()
+    try:
+        assert inside.wait(10)
+        t0 = time.monotonic()
+        assert store.release_memory() == 0  # a read runs: nothing is done, and nothing waits for it
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        leave.set()
+        t.join()
+    assert store.reader().query("SELECT count(*) FROM spans").column(0)[0].as_py() == 200
+    store.close()
+
+
+def test_one_release_per_quiet_spell_and_any_read_or_write_starts_a_new_one(tmp_path):
+    store = _store_with_rows(str(tmp_path / "s.duckdb"), n=2)
+    quiet = QuietRelease(store, None, after=0.3)
+    assert quiet.check() is None  # not quiet for long enough yet
+    time.sleep(0.4)
+    assert quiet.check() is not None
+    assert quiet.check() is None  # released once; nothing happened since
+    time.sleep(0.4)
+    assert quiet.check() is None
+    store.reader().query("SELECT count(*) FROM spans")  # a read: a new spell starts
+    assert quiet.check() is None
+    time.sleep(0.4)
+    assert quiet.check() is not None
+    quiet.stored()  # a write
+    time.sleep(0.4)
+    assert quiet.check() is not None
+    assert QuietRelease(store, None, after=0).check() is None  # 0: never
+    store.close()
+
+
+def test_serve_refuses_a_negative_release_after(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--db", str(tmp_path / "x.duckdb"), "--http-port", "0", "--grpc-port", "0",
+              "--release-after", "-1"])
+    assert exc.value.code == 2
+    assert "--release-after: must be 0 or more seconds, not -1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="release_after must be 0"):
+        TapeServer(str(tmp_path / "y.duckdb"), release_after=-1)
+
+
+@pytest.mark.parametrize("after", ["0", "2.5"])
+def test_serve_takes_release_after_from_the_environment(monkeypatch, after):
+    from otel_agenttape.cli import _build_parser
+
+    monkeypatch.setenv("AGENTTAPE_RELEASE_AFTER", after)
+    args = _build_parser().parse_args(["serve"])
+    assert args.release_after == float(after)
