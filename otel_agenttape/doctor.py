@@ -236,7 +236,7 @@ def _served(db: str, info: dict[str, Any]) -> list[Check]:
         checks.append(Check("receiver memory", True, f"budget {int(memory['total']) >> 20} MB (--memory-limit): "
                             + ", ".join(f"{part} {int(v or 0) >> 20} MB" for part, v in memory.items()
                                         if part != "total")
-                            + "; the process itself takes about 150 MB more", memory))
+                            + "; the process itself takes about 150 MB more" + _converters(totals), memory))
     past = []
     for name, label in _PAST.items():
         n = totals.get(name, 0.0)
@@ -253,6 +253,17 @@ def _served(db: str, info: dict[str, Any]) -> list[Check]:
                                                        f"or tampering (the receiver log names one)",
                             {"agenttape_spans_conflicting_total": conflicts}, info=True))
     return checks
+
+
+def _converters(totals: dict[str, float]) -> str:
+    """The converter processes now, and when idle memory is given back (``receiver/quiet.py``)."""
+    running = totals.get("agenttape_converter_processes")
+    if running is None:
+        return ""
+    after = totals.get("agenttape_release_after_seconds", 0.0)
+    quiet = (f"; after {after:g} s quiet they stop and DuckDB's cached blocks are given back" if after
+             else "; they keep running (--release-after 0)")
+    return f"; {int(running)} converter process(es) running, about 70 MB each" + quiet
 
 
 def _offline(db: str) -> list[Check]:

@@ -38,6 +38,8 @@ def test_the_budget_sets_duckdb_the_queue_and_doctor(tmp_path, capsys):
         assert "budget 256 MB" in memory["detail"] and "store 64 MB" in memory["detail"]
         assert "queue 64 MB" in memory["detail"] and "spool 16 MB" in memory["detail"]
         assert "reads 32 MB" in memory["detail"]
+        assert "0 converter process(es) running" in memory["detail"]
+        assert "after 60 s quiet they stop" in memory["detail"]
         # what the console and the API keep between reads follows the budget, and /metrics shows it
         assert read_memory.limit() == 32 << 20
         gauges = dict(line.split(" ") for line in server.render_metrics().splitlines()

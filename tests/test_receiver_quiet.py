@@ -162,3 +162,26 @@ def test_serve_takes_release_after_from_the_environment(monkeypatch, after):
     monkeypatch.setenv("AGENTTAPE_RELEASE_AFTER", after)
     args = _build_parser().parse_args(["serve"])
     assert args.release_after == float(after)
+
+
+def test_a_store_opened_on_many_keys_gives_back_what_reading_them_cached(tmp_path, monkeypatch):
+    from otel_agenttape.store import writer
+
+    path = str(tmp_path / "k.duckdb")
+    store = Store(path)
+    for _ in range(3):  # 150,000 keys: their blocks are more than the 1 MiB a release leaves
+        store.write_traces([trace_request(1000) for _ in range(50)])
+    store.close()
+
+    def cached_after_open() -> int:
+        store = Store(path, memory_limit="64MiB")
+        try:
+            return store.con.sql("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchall()[0][0]
+        finally:
+            store.close()
+
+    monkeypatch.setattr(writer, "_GIVE_BACK_KEYS", 10**9)
+    kept = cached_after_open()
+    monkeypatch.setattr(writer, "_GIVE_BACK_KEYS", 10_000)
+    given_back = cached_after_open()
+    assert given_back < kept, (given_back, kept)

@@ -625,6 +625,8 @@ class TapeServer:
             "agenttape_read_cache_limit_bytes": ("What the read model may keep between reads.", self.memory.reads),
             "agenttape_converter_processes": ("Converter processes running now (they stop after a quiet spell).",
                                               p.pool.workers if p and p.pool is not None and p.pool.running else 0),
+            "agenttape_release_after_seconds": ("Quiet seconds after which idle memory is given back (0: never).",
+                                                self.release_after),
             "agenttape_read_cache_bytes": ("What the read model keeps between reads now (runs' keys, "
                                            "summaries, scores).", read_memory.held()),
             "agenttape_queue_lag_seconds": ("Age of the oldest accepted request not yet in the store.",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -53,6 +54,7 @@ class WriteResult:
 
 
 DEFAULT_MEMORY_LIMIT = "512MB"
+_GIVE_BACK_KEYS = 100_000  # a store holding this many keys gives back what building its filters cached
 
 
 def locked_config(threads: int | None = None, memory_limit: str | None = None) -> dict[str, Any]:
@@ -185,6 +187,11 @@ class Store:
         self._log_keys = KeyFilter(self.con, "log_records", "log_id")
         self._rows = self._row_counts()
         self._closed = False
+        if self._span_keys.count + self._log_keys.count >= _GIVE_BACK_KEYS:
+            # the filters read every stored key: those blocks and the Arrow buffers they were read into
+            # are not needed again soon (a new span's exact check reads a few of them)
+            self.release_memory()
+            pa.default_memory_pool().release_unused()
 
     def run_bounds(self, run_id: str) -> dict[str, Any] | None:
         """Where the spans of ``run_id`` are (``RUN_LOOKUP_SQL``), or None for an unknown run."""
@@ -268,12 +275,22 @@ class Store:
                 con = self.con
                 before = _buffer_bytes(con)
                 try:
-                    con.execute("SET memory_limit = '1MiB'")
+                    con.execute("SET memory_limit = '1MiB'")  # (lower, and setting it back can fail)
                 except duckdb.Error:  # pinned blocks above the lower limit: what could go went
                     pass
                 finally:
-                    con.execute(f"SET memory_limit = '{self._memory_limit}'")
+                    self._restore_memory_limit(con)
                 return max(0, before - _buffer_bytes(con))
+
+    def _restore_memory_limit(self, con: duckdb.DuckDBPyConnection) -> None:
+        for attempt in range(3):
+            try:
+                con.execute(f"SET memory_limit = '{self._memory_limit}'")
+                return
+            except duckdb.Error:
+                if attempt == 2:
+                    raise
+                time.sleep(0.01)
 
     def _insert(self, con: duckdb.DuckDBPyConnection, t: rows.Tables) -> WriteResult:
         out = WriteResult(duplicates=t.in_batch_duplicates - t.in_batch_conflicts, conflicts=t.in_batch_conflicts,
