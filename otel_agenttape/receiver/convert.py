@@ -178,8 +178,9 @@ class ConvertPool:
                 return False
             self._pool = None
             folder, self._spool = self._spool, None
-            self._bodies.clear()
-            self._rows.clear()
+            now = time.time_ns()  # a file still in use is removed when given back, not kept for reuse
+            self._bodies.clear(now)
+            self._rows.clear(now)
         pool.shutdown(wait=True, cancel_futures=True)
         if folder is not None:
             spool.remove(folder)
