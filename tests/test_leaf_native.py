@@ -135,6 +135,7 @@ def test_sdk_spans_through_bounded_attributes_and_lists() -> None:
     for span in exporter.get_finished_spans():
         check(span, taken=True)
     assert any(s.dropped_attributes for s in exporter.get_finished_spans())
+    assert any(e.dropped_attributes for s in exporter.get_finished_spans() for e in s.events)
 
 
 def test_every_ascii_character_and_text_forms() -> None:
