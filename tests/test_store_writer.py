@@ -145,7 +145,7 @@ def test_stored_key_set_survives_reopen_and_false_positives_stay_exact(tmp_path,
     with Store(db) as store:
         assert store.write_traces(reqs[:2]).spans_stored == 8
     with Store(db) as store:  # the key set is rebuilt from the table
-        assert store._span_keys.count == 8
+        assert store._span_keys.count == 8 and store._span_keys.nbytes == 4 * 8  # 4 bytes a stored span
         again = store.write_traces(reqs[:1])
         assert again.spans_stored == 0 and again.duplicates == 4
         # a key set that answers "maybe" for every key: the exact check still stores new spans
