@@ -185,3 +185,34 @@ def test_a_store_opened_on_many_keys_gives_back_what_reading_them_cached(tmp_pat
     monkeypatch.setattr(writer, "_GIVE_BACK_KEYS", 10_000)
     given_back = cached_after_open()
     assert given_back < kept, (given_back, kept)
+
+
+def test_requests_do_not_wait_for_the_converters_to_come_back(tmp_path):
+    """While the workers start (``start`` holds the pool's lock for the seconds that takes), each request
+    is prepared in the main process at once."""
+    from otel_agenttape.codec.otlp_decode import PROTOBUF
+    from otel_agenttape.receiver.convert import ConvertPool
+    from otel_agenttape.receiver.metrics import Metrics
+    from otel_agenttape.receiver.pipeline import IngestPipeline
+    from otel_agenttape.receiver.wal import KIND_TRACES, WriteAheadLog
+
+    store = Store(str(tmp_path / "w.duckdb"))
+    wal = WriteAheadLog(tmp_path / "wal")
+    pool = ConvertPool(1)
+    pool.restart_on_use = True
+    p = IngestPipeline(store, wal, Metrics(), pool=pool)
+    answers: list = []
+    body = trace_request(3).SerializeToString()
+    with pool._lock:  # a start under way
+        pool._starting = True
+        t = threading.Thread(target=lambda: answers.append(p.prepare(KIND_TRACES, body, PROTOBUF)))
+        t.start()
+        t.join(5)
+        prepared_while_starting = not t.is_alive()
+    t.join()
+    pool._starting = False
+    assert prepared_while_starting, "a request waited for the converters to start"
+    assert answers[0].accepted == 3 and not pool.running
+    p.close()
+    wal.close(applied_all=True)
+    store.close()

@@ -150,7 +150,10 @@ class ConvertPool:
                 self._pool = pool
 
     def start_in_background(self) -> None:
-        """``start`` in a thread, once; the caller goes on without waiting."""
+        """``start`` in a thread, once; the caller goes on without waiting (also while a start is under
+        way: ``start`` holds the lock for as long as the workers take to come up)."""
+        if self._starting or self._pool is not None:  # read without the lock: a stale answer only means
+            return  # one more pass below, or a start left to the next request
         with self._lock:
             if self._pool is not None or self._starting or self._closed or self.workers <= 0:
                 return
