@@ -216,3 +216,34 @@ def test_requests_do_not_wait_for_the_converters_to_come_back(tmp_path):
     p.close()
     wal.close(applied_all=True)
     store.close()
+
+
+def test_the_lake_publisher_holds_still_while_the_store_gives_its_blocks_back(tmp_path):
+    """The publisher queries the store on a cursor of its own (outside the read gate): a release pauses
+    it, and it publishes what comes after as before."""
+    server = TapeServer(str(tmp_path / "l.duckdb"), http_port=0, grpc_enabled=False, ingest_workers=0,
+                        lake=str(tmp_path / "lake"), lake_interval=3600, release_after=0.5).start()
+    publisher = server.publisher
+    held = []
+    real = publisher.suspended
+
+    def counted():
+        held.append(time.monotonic())
+        return real()
+
+    publisher.suspended = counted
+    try:
+        with httpx.Client(timeout=30) as client:
+            first = trace_request(5)
+            assert client.post(f"{server.url}/v1/traces", content=first.SerializeToString(), headers=PB).status_code == 200
+            assert server.pipeline.wait_idle(30)
+            assert _wait(lambda: _gauge(server, "agenttape_quiet_releases_total") >= 1, 30)
+            assert held, "the publisher kept running while the store's memory limit was lowered"
+            second = trace_request(4)
+            assert client.post(f"{server.url}/v1/traces", content=second.SerializeToString(), headers=PB).status_code == 200
+            assert server.pipeline.wait_idle(30)
+        assert publisher.publish_all() >= 1
+        assert publisher.failures == 0 and publisher.unpublished()["spans"] == 0
+        assert stored_keys(server) == span_keys(first) | span_keys(second)
+    finally:
+        server.stop()

@@ -19,9 +19,11 @@ file (the OS page cache usually still holds it). ``bench/idle_memory.py`` measur
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ContextManager
 
 from otel_agenttape.receiver.prepare import release_memory as release_allocators
 
@@ -40,6 +42,9 @@ class QuietRelease:
         self.metrics = metrics
         self._last_write = time.monotonic()
         self._released_at = float("-inf")  # when the last release ran (a release per quiet spell)
+        # what must hold still while the store's limit is low: queries on cursors of their own, outside
+        # the store's read gate (the lake publisher's; the server sets it)
+        self.hold: Callable[[], ContextManager[Any]] | None = None
 
     def stored(self) -> None:
         """A write reached the store: the quiet spell starts again."""
@@ -77,7 +82,8 @@ class QuietRelease:
         release_memory = getattr(self.store, "release_memory", None)
         if release_memory is not None:
             try:
-                out["store_bytes"] = int(release_memory())
+                with self.hold() if self.hold is not None else contextlib.nullcontext():
+                    out["store_bytes"] = int(release_memory())
             except Exception as exc:  # noqa: BLE001 - memory merely stays cached
                 log.warning("could not release the store's cached blocks: %s", exc)
         release_allocators()  # Arrow's pool and glibc's heap (prepare.py: a converter does it too)

@@ -190,6 +190,9 @@ class TapeServer:
             self.pipeline = IngestPipeline(self.store, self.wal, self.metrics, max_queue_bytes=self.max_queue_bytes,
                                            sink=sink, pool=pool, release_after=self.release_after,
                                            on_stored=self.span_metrics.observe if self.span_metrics else None)
+            # the lake publisher queries the store on a cursor of its own: it holds still while the
+            # store gives its cached blocks back (receiver/quiet.py)
+            self.pipeline.quiet.hold = lambda: self._held_still(False)
             service = ExportService(self.pipeline, self.metrics, is_ready=lambda: self._ready,
                                     max_items=self.limits.max_spans_per_request)
             ctx = HttpContext(
