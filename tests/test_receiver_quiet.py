@@ -247,3 +247,20 @@ def test_the_lake_publisher_holds_still_while_the_store_gives_its_blocks_back(tm
         assert stored_keys(server) == span_keys(first) | span_keys(second)
     finally:
         server.stop()
+
+
+def test_closing_the_pool_while_a_conversion_finishes_does_not_hang():
+    """A conversion's done callbacks take the pool's lock on the executor's own thread: closing must not
+    hold that lock while it waits for the executor."""
+    from otel_agenttape.receiver.convert import ConvertPool
+    from otel_agenttape.receiver.wal import KIND_TRACES
+
+    pool = ConvertPool(1)
+    pool.start()
+    payloads = [trace_request(200, attrs={"text": "x" * 500}).SerializeToString() for _ in range(20)]
+    futures = [pool.submit(KIND_TRACES, payloads) for _ in range(3)]
+    closer = threading.Thread(target=pool.close)
+    closer.start()
+    closer.join(60)
+    assert not closer.is_alive(), "closing the pool hung while conversions finished"
+    assert all(f.done() for f in futures)

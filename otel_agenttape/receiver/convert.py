@@ -274,11 +274,13 @@ class ConvertPool:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
-                self._pool = None
+            pool, self._pool = self._pool, None
+            folder, self._spool = self._spool, None
             self._bodies.clear()
             self._rows.clear()
-            if self._spool is not None:
-                spool.remove(self._spool)
-                self._spool = None
+        # outside the lock: a finished conversion's callbacks (``_leave``, ``_discard``) take it, and
+        # they run on the executor's own thread, which the shutdown waits for
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if folder is not None:
+            spool.remove(folder)
