@@ -75,10 +75,8 @@ class QuietRelease:
     def release(self) -> dict[str, int]:
         """Give back the idle memory now; returns ``{"converters": n stopped, "store_bytes": n}``."""
         out = {"converters": 0, "store_bytes": 0}
-        if self.pool is not None and self.pool.running:
-            workers = self.pool.workers
-            if self.pool.stop(quiet_seconds=self.after):
-                out["converters"] = workers
+        if self.pool is not None and self.pool.stop(quiet_seconds=self.after):
+            out["converters"] = self.pool.workers
         release_memory = getattr(self.store, "release_memory", None)
         if release_memory is not None:
             try:
