@@ -66,7 +66,7 @@ def test_a_quiet_receiver_stops_its_converters_and_they_come_back_with_requests(
             # a second without writes, reads or requests: the workers and their hand-off files go
             assert _wait(lambda: not pool.running, 30), "the converters kept running on a quiet receiver"
             assert _wait(lambda: not any(_alive(pid) for pid in pids), 30)
-            assert not os.path.exists(folder)
+            assert _wait(lambda: not os.path.exists(folder), 30)  # removed once the workers are shut down
             assert _gauge(server, "agenttape_converter_processes") == 0
             assert _wait(lambda: _gauge(server, "agenttape_quiet_releases_total") >= 1, 10)  # counted once done
             # the next request is answered at once (prepared here) and brings the workers back
