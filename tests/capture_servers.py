@@ -24,6 +24,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every socket stays bound until all are chosen (ports taken one by one
+    can come back equal, since a closed socket's port is free again at once)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 class SlowOtlpHttp:
     """Takes every request, waits ``delay`` seconds, then answers 200 (a receiver that cannot keep up);
     while ``down`` it answers 503. ``names`` are the span names received, in order."""

@@ -43,7 +43,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -54,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from capture_servers import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -182,12 +182,6 @@ BLOCKS, FILE_BLOCKS = _collect()
 NAMED = [b for b in BLOCKS if b.name]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rewrite(text: str, ports: dict[str, int]) -> str:
     text = PORT_RE.sub(lambda m: str(ports[m.group(1)]), text)
     return text.replace("0.0.0.0", "127.0.0.1")
@@ -216,7 +210,8 @@ def _env(ports: dict[str, int]) -> dict[str, str]:
 
 
 def _ports() -> dict[str, int]:
-    return {p: _free_port() for p in (*DOC_PORTS, "dead")}
+    names = (*DOC_PORTS, "dead")
+    return dict(zip(names, free_ports(len(names))))  # distinct: two doc ports must never be one
 
 
 def _write_named_files(folder: Path, ports: dict[str, int], doc: str) -> None:

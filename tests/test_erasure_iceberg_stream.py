@@ -44,6 +44,18 @@ class MeasuredCopy(IcebergCopy):
         return out
 
 
+def _other_bucket(secret) -> bytes:
+    """A trace id in none of the trace-id buckets of ``secret``'s traces (so its rows get files of their own)."""
+    from otel_agenttape.store.lake.iceberg_files import buckets
+
+    taken = set(buckets(pa.array([s.trace_id.hex() for rs in secret.resource_spans for ss in rs.scope_spans
+                                   for s in ss.spans])).to_pylist())
+    while True:
+        tid = os.urandom(16)
+        if buckets(pa.array([tid.hex()])).to_pylist()[0] not in taken:
+            return tid
+
+
 def _data_files(url: str, table: str) -> list:
     from otel_agenttape.store.lake.iceberg_maintain import erase_datasets
 
@@ -84,7 +96,7 @@ def lake(tmp_path_factory):
               if any(kv.key == "agenttape.run.id" and kv.value.string_value == "a1" for kv in s.attributes))
     store.write_traces([_filler(FILLER // 2, 0, a1)])  # a1's file: its erased spans among 36,000 others
     store.write_traces([secret.SerializeToString()])
-    store.write_traces([_filler(FILLER // 2, FILLER // 2, os.urandom(16))])  # a file erasure does not touch
+    store.write_traces([_filler(FILLER // 2, FILLER // 2, _other_bucket(secret))])  # a file erasure does not touch
     IcebergPublisher(store, url, "r0").publish_all()
     store.close()
     files_before = _data_files(url, "spans")

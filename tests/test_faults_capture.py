@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from capture_servers import SlowOtlpHttp, free_port, serve_process, stop_process
+from capture_servers import SlowOtlpHttp, free_port, free_ports, serve_process, stop_process
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from receiver_util import free_env
 
@@ -73,7 +73,7 @@ def last_json(out: str) -> dict:
 
 def test_kill_9_of_the_agent_while_it_resends_then_a_second_process_delivers_everything_once(tmp_path):
     box, db = tmp_path / "outbox", str(tmp_path / "t.duckdb")
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port = free_ports(2)
     endpoint = f"http://127.0.0.1:{http_port}"
     first = agent(endpoint, "http/protobuf", box, 300, "--hold", "--batch", "16")  # receiver not up yet
     try:
@@ -114,7 +114,7 @@ def test_kill_9_of_the_agent_while_it_resends_then_a_second_process_delivers_eve
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_receiver_killed_and_down_for_a_while_then_back_nothing_is_lost(tmp_path, protocol):
     box, db = tmp_path / "outbox", str(tmp_path / "t.duckdb")
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port = free_ports(2)
     endpoint = f"http://127.0.0.1:{http_port}" if protocol != "grpc" else f"127.0.0.1:{grpc_port}"
     server, info = serve_process(db, http_port, grpc_port)
     runs = int(max(40, 20 * (DOWN_S + 4)))
@@ -185,7 +185,7 @@ def test_a_full_outbox_drops_and_counts_and_doctor_says_so(tmp_path, monkeypatch
 
 def test_a_torn_record_at_the_tail_is_skipped_and_the_rest_delivered(tmp_path):
     box = tmp_path / "outbox"
-    port, gport = free_port(), free_port()
+    port, gport = free_ports(2)
     tape = otel_agenttape.setup(f"http://127.0.0.1:{port}", outbox=box, timeout=0.5)
     for i in range(30):
         with tape.run(agent="a", run_id=f"r{i}") as run:

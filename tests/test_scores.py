@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from capture_servers import free_port, serve_process, stop_process
+from capture_servers import free_port, free_ports, serve_process, stop_process
 from receiver_util import free_env
 
 import otel_agenttape
@@ -27,7 +27,7 @@ class Receiver:
     """``agenttape serve`` in its own process on fixed ports, so it can be stopped and started again."""
 
     def __init__(self, db: str) -> None:
-        self.db, self.http, self.grpc = db, free_port(), free_port()
+        (self.db, (self.http, self.grpc)) = db, free_ports(2)
         self.url = f"http://127.0.0.1:{self.http}"
         self.proc = None
         self.start()

@@ -197,13 +197,13 @@ def test_doctor_shows_what_an_instrumented_process_would_record(tmp_path):
 
 @pytest.mark.skipif(INSTRUMENT is None, reason="opentelemetry-instrument is not installed")
 def test_an_instrumented_app_killed_with_the_receiver_down_loses_nothing_it_sealed_or_logged(tmp_path):
-    from capture_servers import free_port, serve_process
+    from capture_servers import free_ports, serve_process
     from test_faults_capture import outbox_keys
 
     from otel_agenttape import outboxfile
 
     box, db = tmp_path / "outbox", str(tmp_path / "crash.duckdb")
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port = free_ports(2)
     with FakeOpenAI() as fake:
         env = dict(free_env(), OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{http_port}", OTEL_PYTHON_DISTRO="agenttape",
                    OTEL_SERVICE_NAME="crash", AGENTTAPE_OUTBOX=str(box), AGENTTAPE_TIMEOUT="1",
