@@ -17,7 +17,11 @@ stopped by the quiet release, and multiprocessing's resource tracker) are not in
 resident memory together is printed beside it, before the release (``children_held_mb``) and after
 (``children_mb``).
 
-Last line: ``idle_memory rss_mb=X held_mb=H started_mb=Y floor_mb=Z children_mb=C children_held_mb=D``.
+The runs page and the replay are read once more before the release and once after it: ``warm_ms``
+and ``wake_ms``, what the first requests after a quiet spell pay for what it gave back.
+
+Last line: ``idle_memory rss_mb=X held_mb=H started_mb=Y floor_mb=Z children_mb=C children_held_mb=D
+wake_ms=W warm_ms=V``.
 """
 
 from __future__ import annotations
@@ -32,9 +36,21 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
 
-import replay  # noqa: E402  (the store builder)
+
+def build_store(db: str, spans: int) -> dict[str, str]:
+    """``replay.build`` in a process of its own: this one maps none of the receiver's libraries, so the
+    receiver's pages are its own, as on a host where it runs alone (a page two processes map is counted
+    in both, and the kernel reclaims neither's)."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import replay; "
+            "print(json.dumps(replay.build(sys.argv[2], int(sys.argv[3]))))")
+    out = subprocess.run([sys.executable, "-c", code, HERE, db, str(spans)], check=True, stdout=subprocess.PIPE,
+                         text=True).stdout
+    *said, last = out.strip().splitlines()
+    for line in said:  # the builder's own report
+        print(line, file=sys.stderr)
+    return json.loads(last)
 
 
 def memory_mb(pid: int | str = "self") -> dict[str, float]:
@@ -74,6 +90,14 @@ def floor_mb() -> float:
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout) / 1024
 
 
+def timed_read(base: str, ids: dict) -> float:
+    """Milliseconds for the first runs page and the run's replay, read one after the other."""
+    t0 = time.perf_counter()
+    get(f"{base}/api/runs")
+    get(f"{base}/api/runs/{ids['run']}/replay")
+    return (time.perf_counter() - t0) * 1e3
+
+
 def get(url: str) -> object:
     with urllib.request.urlopen(url, timeout=120) as resp:
         return json.loads(resp.read())
@@ -93,7 +117,7 @@ def main() -> int:
         if os.path.exists(path):
             os.remove(path)
     print(f"building a store of {args.spans} spans in {db} ...", file=sys.stderr, flush=True)
-    ids = replay.build(db, args.spans)
+    ids = build_store(db, args.spans)
     proc = subprocess.Popen([sys.executable, "-m", "otel_agenttape.cli", "serve", "--db", db, "--http-port", "0",
                              "--grpc-port", "0", "--json", "--release-after", str(args.release_after)],
                             stdout=subprocess.PIPE, text=True)
@@ -111,9 +135,11 @@ def main() -> int:
         time.sleep(args.settle)
         held = memory_mb(proc.pid)  # idle, before the quiet release (when --settle < --release-after)
         _, kids_held_mb = children_mb(proc.pid)
-        time.sleep(max(0.0, args.release_after - args.settle) + 3.0)  # the release, and a second to look
+        warm_ms = timed_read(base, ids)  # the same reads again, before the release (a new quiet spell)
+        time.sleep(args.release_after + 3.0)  # the release, and a few seconds to look
         idle = memory_mb(proc.pid)
         kids, kids_mb = children_mb(proc.pid)
+        wake_ms = timed_read(base, ids)  # ... and after it: what the first request pays for the release
         floor = floor_mb()
         runs = len(page.get("runs", page) if isinstance(page, dict) else page)
         print(f"reads: runs page ({runs} runs), replay, tree in {reads_s:.2f}s; peak during reads "
@@ -124,9 +150,12 @@ def main() -> int:
                   f"(shared libraries) + {m['RssShmem']:.0f} shared memory", file=sys.stderr)
         print(f"its child processes (converters; multiprocessing's resource tracker): {kids_held_mb:.0f} MB "
               f"resident together before the release, {kids_mb:.0f} MB ({kids} processes) after", file=sys.stderr)
+        print(f"the runs page and a replay: {warm_ms:.0f} ms before the release, {wake_ms:.0f} ms as the first "
+              f"requests after it", file=sys.stderr)
         print(f"floor (imports only): {floor:.0f} MB; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
         print(f"idle_memory rss_mb={idle['VmRSS']:.0f} held_mb={held['VmRSS']:.0f} started_mb={started['VmRSS']:.0f} "
-              f"floor_mb={floor:.0f} children_mb={kids_mb:.0f} children_held_mb={kids_held_mb:.0f}")
+              f"floor_mb={floor:.0f} children_mb={kids_mb:.0f} children_held_mb={kids_held_mb:.0f} "
+              f"wake_ms={wake_ms:.0f} warm_ms={warm_ms:.0f}")
     finally:
         proc.terminate()
         proc.wait(30)

@@ -261,7 +261,8 @@ def _converters(totals: dict[str, float]) -> str:
     if running is None:
         return ""
     after = totals.get("agenttape_release_after_seconds", 0.0)
-    quiet = (f"; after {after:g} s quiet they stop and DuckDB's cached blocks are given back" if after
+    quiet = (f"; after {after:g} s quiet they stop, and DuckDB's cached blocks, the kept reads and the "
+             "libraries' resident pages are given back" if after
              else "; they keep running (--release-after 0)")
     return f"; {int(running)} converter process(es) running, about 70 MB each" + quiet
 

@@ -7,7 +7,8 @@ scores. Pages are then cut from memory instead of read again. All of it, over ev
 process, stays under ``limit()`` bytes (default 64 MiB; a receiver sets it to its ``--memory-limit``
 share, ``receiver/memory.py``): keys or scores that would not fit are not kept, and the pages they
 would have served are read from the store, as on a reader with no version; the oldest summaries go
-first. Nothing is left out of an answer: only what is kept for the next one.
+first. Nothing is left out of an answer: only what is kept for the next one. ``release()`` lets go of
+all of it (a receiver does after a quiet spell).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ SUMMARY_BYTES = 2048  # a kept run summary: 25 values in a dict (measured 1.9 KB
 SCORE_BYTES = 512  # a kept latest score: value, label, explanation, source, ... in a dict
 
 _limit = DEFAULT_LIMIT
-_holders: list[Callable[[], int]] = []
+_holders: list[tuple[Callable[[], int], Callable[[], None] | None]] = []
 _lock = threading.Lock()
 
 
@@ -38,15 +39,25 @@ def set_limit(nbytes: int) -> None:
     _limit = int(nbytes)
 
 
-def register(size: Callable[[], int]) -> None:
-    """A holder of kept reads: ``size()`` says how many bytes it keeps now."""
+def register(size: Callable[[], int], drop: Callable[[], None] | None = None) -> None:
+    """A holder of kept reads: ``size()`` says how many bytes it keeps now, ``drop()`` lets all of it go."""
     with _lock:
-        _holders.append(size)
+        _holders.append((size, drop))
 
 
 def held() -> int:
     """Bytes kept now, over every holder."""
-    return sum(size() for size in list(_holders))
+    return sum(size() for size, _ in list(_holders))
+
+
+def release() -> int:
+    """Let go of everything kept (a quiet receiver gives it back: ``receiver/quiet.py``); the next
+    reads are answered from the store and keep again. Returns the bytes let go."""
+    before = held()
+    for _, drop in list(_holders):
+        if drop is not None:
+            drop()
+    return max(0, before - held())
 
 
 def fits(nbytes: int) -> bool:

@@ -180,6 +180,25 @@ def test_pages_are_the_same_whatever_the_read_model_may_keep(mixed, read_limit):
                 assert read_memory.held() == 0
 
 
+def test_letting_go_of_what_the_read_model_keeps_changes_no_page(mixed):
+    """``read_memory.release()`` (a quiet receiver's) drops every kept key, summary and score at once; the
+    pages after it are the same, and keep again."""
+    from otel_agenttape import read_memory
+
+    asks = [{}, {"agent": "again"}, {"score": ("helpfulness>=0.6",)}]
+    with otel_agenttape.open(mixed) as tapes:
+        expected = {str(a): _paged(tapes, **a) for a in asks}
+        for ask in asks:  # the second pass is answered from what the first one kept
+            assert _paged(tapes, **ask) == expected[str(ask)], ask
+        kept = read_memory.held()
+        assert kept > 0
+        assert read_memory.release() == kept
+        assert read_memory.held() == 0
+        for ask in asks:
+            assert _paged(tapes, **ask) == expected[str(ask)], ask
+        assert read_memory.held() > 0  # kept again as it read
+
+
 def _ours(run_id: str, agent: str, *, parent: str | None = None, node: str | None = None,
           link_to=None, keep=None):
     """An agenttape run span (or node span) in a trace of its own, as the tracer ``build`` gets it."""

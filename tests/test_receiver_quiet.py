@@ -3,9 +3,15 @@ processes stop and DuckDB's cached blocks go, and each comes back when requests 
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import subprocess
+import sys
 import threading
 import time
+
+from multiprocessing import resource_tracker
 
 import httpx
 import pytest
@@ -62,11 +68,13 @@ def test_a_quiet_receiver_stops_its_converters_and_they_come_back_with_requests(
             assert client.post(f"{server.url}/v1/traces", content=sent[0].SerializeToString(), headers=PB).status_code == 200
             pids = list(pool._pool._processes)
             folder = pool.spool_folder
+            tracker = resource_tracker._resource_tracker._pid  # multiprocessing's, started with the pool
             assert pids and _gauge(server, "agenttape_converter_processes") == 1
             # a second without writes, reads or requests: the workers and their hand-off files go
             assert _wait(lambda: not pool.running, 30), "the converters kept running on a quiet receiver"
             assert _wait(lambda: not any(_alive(pid) for pid in pids), 30)
             assert _wait(lambda: not os.path.exists(folder), 30)  # removed once the workers are shut down
+            assert tracker is None or _wait(lambda: not _alive(tracker), 30)  # it tracks nothing now: stopped
             assert _gauge(server, "agenttape_converter_processes") == 0
             assert _wait(lambda: _gauge(server, "agenttape_quiet_releases_total") >= 1, 10)  # counted once done
             # the next request is answered at once (prepared here) and brings the workers back
@@ -79,6 +87,40 @@ def test_a_quiet_receiver_stops_its_converters_and_they_come_back_with_requests(
         assert stored_keys(server) == set().union(*(span_keys(r) for r in sent))  # nothing lost on the way
     finally:
         server.stop()
+
+
+_PAGE_OUT_CHILD = r"""
+import hashlib, mmap, sys, json
+from otel_agenttape.receiver import code_pages
+with open(sys.argv[1], "rb") as fh:
+    m = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)  # a private, read-only file mapping, as a library's code
+before_digest = hashlib.sha256(m).hexdigest()  # every page read: resident
+before = code_pages.file_resident_bytes()
+released = code_pages.page_out()
+after = code_pages.file_resident_bytes()
+print(json.dumps({"before": before, "released": released, "after": after,
+                  "same": hashlib.sha256(m).hexdigest() == before_digest, "supported": code_pages.MADV_PAGEOUT}))
+"""
+
+
+def _kernel() -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", os.uname().release)[:2])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or _kernel() < (5, 4), reason="MADV_PAGEOUT: Linux 5.4+")
+def test_page_out_hands_the_resident_pages_of_mapped_files_back_and_they_read_the_same(tmp_path):
+    data = tmp_path / "lib.bin"
+    with open(data, "wb") as fh:  # 32 MB mapped by the child alone (a page two processes map stays)
+        for i in range(512):
+            fh.write(os.urandom(64 << 10))
+        fh.flush()
+        os.fsync(fh.fileno())  # clean pages, as a library's
+    out = subprocess.run([sys.executable, "-c", _PAGE_OUT_CHILD, str(data)], capture_output=True, text=True,
+                         check=True, timeout=120)
+    got = json.loads(out.stdout)
+    assert got["before"] - got["after"] >= 24 << 20, got  # the file's pages left the process's RSS
+    assert got["released"] >= 24 << 20, got  # ... and page_out says so
+    assert got["same"], got  # read back, the same bytes
 
 
 def _store_with_rows(path: str, n: int = 40) -> Store:

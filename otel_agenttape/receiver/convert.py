@@ -95,6 +95,26 @@ def default_workers() -> int:
     return 0 if n < 2 else min(4, n)
 
 
+def stop_resource_tracker() -> bool:
+    """Stop multiprocessing's resource tracker, the process that a spawned pool starts to remove its
+    semaphores should this one die (an interpreter of its own: about 15 MB). Once the pool is gone it
+    tracks nothing; the next pool starts it again. Returns whether it was running and stopped."""
+    import gc
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    stop = getattr(tracker, "_stop", None)  # CPython's own (3.8 and later); elsewhere it stays
+    if stop is None or getattr(tracker, "_fd", None) is None:
+        return False
+    gc.collect()  # the stopped pool's queues: their semaphores are unregistered as they are freed
+    try:
+        stop()
+    except Exception as exc:  # noqa: BLE001 - it merely keeps running
+        log.debug("the resource tracker stays: %s", exc)
+        return False
+    return True
+
+
 class ConvertPool:
     """A lazily started pool of spawned converter processes."""
 
@@ -185,8 +205,10 @@ class ConvertPool:
             self._bodies.clear(now)
             self._rows.clear(now)
         pool.shutdown(wait=True, cancel_futures=True)
+        del pool
         if folder is not None:
             spool.remove(folder)
+        stop_resource_tracker()
         log.info("row-conversion workers stopped after %.0f s without requests", quiet_seconds)
         return True
 

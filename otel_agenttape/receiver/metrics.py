@@ -48,6 +48,8 @@ _HELP: dict[str, str] = {
     "agenttape_http_refused_total": "HTTP connections or requests cut off by a limit, by reason.",
     "agenttape_quiet_releases_total": "Quiet spells after which idle memory was given back (converters, cached blocks).",
     "agenttape_quiet_released_store_bytes_total": "Bytes of cached store blocks given back after quiet spells.",
+    "agenttape_quiet_released_read_bytes_total": "Bytes of the read model's kept reads let go after quiet spells.",
+    "agenttape_quiet_released_code_bytes_total": "Bytes of resident library pages handed back to the kernel after quiet spells.",
 }
 
 _HISTOGRAMS: dict[str, str] = {

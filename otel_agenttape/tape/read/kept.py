@@ -71,7 +71,14 @@ class _Kept:
 
 _KEPT: weakref.WeakKeyDictionary[Any, _Kept] = weakref.WeakKeyDictionary()
 _KEPT_LOCK = threading.Lock()
-memory.register(lambda: sum(k.nbytes() for k in list(_KEPT.values())))
+
+
+def _drop_all() -> None:
+    with _KEPT_LOCK:
+        _KEPT.clear()
+
+
+memory.register(lambda: sum(k.nbytes() for k in list(_KEPT.values())), _drop_all)
 # Above this many runs touched since the kept version, all keys are read again rather than theirs.
 MAX_ADVANCE_RUNS = 2_000
 # Filters whose matching keys are kept at once (the console's filter boxes, a few at a time).

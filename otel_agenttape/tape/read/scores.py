@@ -167,7 +167,14 @@ def _scores_bytes(found: dict[str, dict[str, dict[str, Any]]]) -> int:
     return sum(len(by_name) for by_name in found.values()) * memory.SCORE_BYTES
 
 
-memory.register(lambda: sum(size for _, _, size in list(_KEPT.values())))
+
+
+def _drop_all() -> None:
+    with _KEPT_LOCK:
+        _KEPT.clear()
+
+
+memory.register(lambda: sum(size for _, _, size in list(_KEPT.values())), _drop_all)
 
 
 def forget(reader: Reader) -> None:
