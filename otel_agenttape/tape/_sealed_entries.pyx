@@ -15,7 +15,7 @@ for such a row. ``tests/test_sealed_entries_native.py`` holds both paths equal.
 """
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.string cimport memchr, memcmp
+from libc.string cimport memchr, memcmp, memcpy
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 
 cdef extern from "Python.h":
@@ -46,6 +46,17 @@ import hashlib as _hashlib  # loads the libcrypto that _sha256.h looks up
 
 cdef bint _DIRECT = at_sha256_available()
 cdef const char* _HEX = "0123456789abcdef"
+cdef char _HEX2[512]  # each byte's two lower-case hex digits
+for _b in range(256):
+    _HEX2[2 * _b] = _HEX[_b >> 4]
+    _HEX2[2 * _b + 1] = _HEX[_b & 15]
+
+
+cdef inline void _hex32(char* out, const unsigned char* dig) noexcept nogil:
+    """The 64 hex digits of a 32-byte digest, a byte's pair at a time."""
+    cdef int i
+    for i in range(32):
+        memcpy(out + 2 * i, &_HEX2[2 * dig[i]], 2)
 
 cdef enum:
     _MAX_KEYS = 512  # keys of one attribute set read here; a larger set goes to the Python path
@@ -180,7 +191,7 @@ cdef Py_ssize_t _scan(const char* p, Py_ssize_t n, Py_ssize_t* ko, Py_ssize_t* k
         i = e + 1
 
 
-cdef bint _is(const char* p, Py_ssize_t n, const char* lit, Py_ssize_t ln) noexcept nogil:
+cdef inline bint _is(const char* p, Py_ssize_t n, const char* lit, Py_ssize_t ln) noexcept nogil:
     return n == ln and memcmp(p, lit, ln) == 0
 
 
@@ -338,15 +349,12 @@ cdef void _commitment(at_hw* w, const unsigned char* salt, const char* v, Py_ssi
     cdef unsigned char dig[32]
     cdef at_sha_ctx h
     cdef char out[72]
-    cdef int i
     at_ctx_init(&h)
     at_ctx_update(&h, salt, 16)
     at_ctx_update(&h, v, vn)
     at_ctx_final(&h, dig)
     out[0] = 123; out[1] = 34; out[2] = 99; out[3] = 34; out[4] = 58; out[5] = 34  # {"c":"
-    for i in range(32):
-        out[6 + 2 * i] = _HEX[dig[i] >> 4]
-        out[7 + 2 * i] = _HEX[dig[i] & 15]
+    _hex32(out + 6, dig)
     out[70] = 34; out[71] = 125  # "}
     at_hw_put(w, out, 72)
 
