@@ -428,6 +428,9 @@ def _serve(command: list[str] | str, chain: Chain, expected: list[str] | None) -
     finally:
         rest = _stop(proc)
     assert first and alive, f"{command!r} did not keep serving:\n{first}{rest}"
+    # it stopped by itself, and what it had to do at the stop (publish into its lake) was done
+    assert proc.returncode != -signal.SIGKILL, f"{command!r} did not stop within 60 s of Ctrl-C:\n{first}{rest}"
+    assert "failed" not in rest.lower(), f"{command!r} failed as it stopped:\n{first}{rest}"
     if expected:
         _check_printed(str(command), expected, first, failed=False)
 

@@ -62,6 +62,29 @@ def test_a_pending_batch_is_published_once_under_the_same_names(tmp_path: Any) -
     assert _spans(lake) == (57, 57)
 
 
+def test_rows_a_store_held_when_publishing_starts_reach_the_lake_at_once_and_new_ones_after_the_interval(
+        tmp_path: Any) -> None:
+    """A store a receiver opens with rows its lake lacks (copied in, or left by a receiver that stopped
+    before it published) is published at the cadence's first tick, not an interval later; rows that
+    arrive afterwards wait for the interval as before."""
+    lake = str(tmp_path / "lake")
+    with Store(str(tmp_path / "a.duckdb")) as store:
+        store.write_traces([trace_request(6)])
+        pub = LakePublisher(store, lake, "r0", interval=600).start()
+        try:
+            deadline = time.monotonic() + 30
+            while pub.published_batches == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert pub.published_batches == 1, "the rows it started with waited for the interval"
+            assert _spans(lake) == (6, 6)
+            store.write_traces([trace_request(4)])
+            time.sleep(2.5)  # a few ticks: new rows are not due before the interval
+            assert pub.published_batches == 1 and pub.unpublished()["spans"] == 4
+        finally:
+            pub.stop()  # ... and what is left goes at the stop
+    assert _spans(lake) == (10, 10)
+
+
 def test_an_unwritable_lake_keeps_the_rows_and_counts_the_failure(tmp_path: Any) -> None:
     lake = tmp_path / "lake"
     with Store(str(tmp_path / "a.duckdb")) as store:

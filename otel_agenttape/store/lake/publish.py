@@ -259,7 +259,9 @@ class LakePublisher:
                 self._stop.wait(min(30.0, tick * 4))
 
     def start(self) -> LakePublisher:
-        """Publish what an earlier process left pending, then run the cadence in a thread."""
+        """Publish what an earlier process left pending, then run the cadence in a thread; rows the
+        store already held are due at its first tick (not an interval later: a store opened by a new
+        receiver, or one that stopped before it published, would wait that long for its lake)."""
         try:
             while self._pending() is not None:
                 self.publish_once()
@@ -267,6 +269,11 @@ class LakePublisher:
             self.failures += 1
             self.last_error = str(exc)
             log.warning("lake publication to %s failed at start (retried): %s", self.lake.uri, exc)
+        try:
+            if any(self.unpublished().values()):
+                self._last = float("-inf")
+        except Exception as exc:  # noqa: BLE001 - then they wait for the interval
+            log.debug("could not count the rows left to publish: %s", exc)
         self._thread = threading.Thread(target=self._loop, name="agenttape-lake", daemon=True)
         self._thread.start()
         return self
