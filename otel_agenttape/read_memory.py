@@ -2,12 +2,12 @@
 
 On a store with a version (``kept.store_version``) the read model keeps, until the version changes:
 every run's keys (an Arrow table, about 165 bytes a run: 16.5 MB for 100,000 runs), each filter's
-matching keys, the run summaries read so far (about ``SUMMARY_BYTES`` each) and every run's latest
-scores. Pages are then cut from memory instead of read again. All of it, over every reader of the
-process, stays under ``limit()`` bytes (default 64 MiB; a receiver sets it to its ``--memory-limit``
-share, ``receiver/memory.py``): keys or scores that would not fit are not kept, and the pages they
-would have served are read from the store, as on a reader with no version; the oldest summaries go
-first. Nothing is left out of an answer: only what is kept for the next one. ``release()`` lets go of
+matching keys, the run summaries read so far (about ``SUMMARY_BYTES`` each), every run's latest
+scores and the console's kept steps and trees (``Tapes.memo``). Pages are then cut from memory
+instead of read again. All of it, over every reader of the process, stays under ``limit()`` bytes
+(default 64 MiB; a receiver sets it to its ``--memory-limit`` share, ``receiver/memory.py``): keys,
+scores or answers that would not fit are not kept, and the pages they would have served are read
+from the store, as on a reader with no version; the oldest summaries go first. Nothing is left out of an answer: only what is kept for the next one. ``release()`` lets go of
 all of it (a receiver does after a quiet spell).
 """
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 
+import orjson
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
@@ -197,6 +198,33 @@ def test_letting_go_of_what_the_read_model_keeps_changes_no_page(mixed):
         for ask in asks:
             assert _paged(tapes, **ask) == expected[str(ask)], ask
         assert read_memory.held() > 0  # kept again as it read
+
+
+def test_kept_answers_count_under_the_read_models_bound_and_go_with_a_release(mixed, read_limit):
+    """The console's kept steps and trees (``Tapes.memo``) count in ``read_memory.held()``; an answer that
+    does not fit is answered and not kept; ``release()`` lets go of them too."""
+    from otel_agenttape import read_memory
+
+    with otel_agenttape.open(mixed) as tapes:
+        refs = [r["ref"] for r in _view(tapes, Filters())][:4]
+        computed = []
+
+        def steps(ref):
+            computed.append(ref)
+            return tapes.steps(ref)
+
+        read_memory.release()
+        before = read_memory.held()
+        answers = [tapes.memo(("steps", ref), lambda ref=ref: steps(ref)) for ref in refs]
+        kept = read_memory.held() - before
+        assert kept >= sum(len(orjson.dumps(a, default=str)) for a in answers)  # counted, at 3 bytes a JSON byte
+        assert [tapes.memo(("steps", ref), lambda ref=ref: steps(ref)) for ref in refs] == answers
+        assert computed == refs  # the second time from what was kept
+        assert read_memory.release() >= kept and read_memory.held() == 0
+        read_limit(0)  # nothing fits: answered every time, the same, and nothing kept
+        assert [tapes.memo(("steps", ref), lambda ref=ref: steps(ref)) for ref in refs] == answers
+        assert [tapes.memo(("steps", ref), lambda ref=ref: steps(ref)) for ref in refs] == answers
+        assert computed == refs * 3 and read_memory.held() == 0
 
 
 def _ours(run_id: str, agent: str, *, parent: str | None = None, node: str | None = None,

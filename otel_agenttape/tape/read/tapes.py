@@ -8,8 +8,12 @@ command prints (``runs``, ``show``, ``replay``, ``diff``, ``dataset``, ``verify`
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import IO, Any
+
+import orjson
 
 from ..dataset import DatasetResult, export_dataset
 from ..diff import diff_runs
@@ -17,6 +21,7 @@ from ..load import Reader
 from ..model import Run
 from ..rebuild import reconstruct, reconstruct_tree, run_span_keys
 from ..refs import RunNotFound, resolve
+from ... import read_memory as memory
 from ...pricing import Prices
 from .cost import CALL_COSTS, add_tree_cost, call_costs, calls_of_runs, price_summaries, run_cost, total_of
 from .filters import Filters, as_ns
@@ -31,6 +36,36 @@ from .summary import Page, RunSummary
 
 
 MEMO_ENTRIES = 256
+# A kept answer's Python objects take about 2.5 times its JSON text (measured with tracemalloc on a
+# 100-node run's steps and a 1 + 20 tree: 2.47 and 2.67); counted at 3 times under the read model's bound.
+MEMO_BYTES_PER_JSON_BYTE = 3
+
+_ALL: weakref.WeakSet[Tapes] = weakref.WeakSet()
+_ALL_LOCK = threading.Lock()
+
+
+def _memo_held() -> int:
+    with _ALL_LOCK:
+        every = list(_ALL)
+    return sum(t._memo_bytes for t in every)
+
+
+def _drop_memos() -> None:
+    with _ALL_LOCK:
+        every = list(_ALL)
+    for t in every:
+        t._forget_memo()
+
+
+memory.register(_memo_held, _drop_memos)
+
+
+def _answer_bytes(value: Any) -> int:
+    """What a kept answer is counted as under the read model's bound (``MEMO_BYTES_PER_JSON_BYTE``)."""
+    try:
+        return len(orjson.dumps(value, default=str)) * MEMO_BYTES_PER_JSON_BYTE
+    except (TypeError, orjson.JSONEncodeError):
+        return 1 << 62  # an answer that cannot be sized is not kept
 COST_ENTRIES = 200_000  # runs whose cost is kept (about 100 bytes each)
 
 
@@ -62,6 +97,9 @@ class Tapes:
         self._closer = closer
         self._memo: dict[Any, Any] = {}
         self._memo_version: int | None = None
+        self._memo_bytes = 0  # what ``_memo`` is counted as under the read model's bound
+        with _ALL_LOCK:
+            _ALL.add(self)
         self._prices: Prices | None = None
         self._costs_of: dict[tuple[Any, ...], tuple[Any, int, int]] | None = None
         self._experiment_summaries: dict[str, Any] = {}  # name -> (its runs' key, prices, summary)
@@ -82,7 +120,7 @@ class Tapes:
         """Price with these overrides (a ``Prices``, or a JSON/YAML file of per-model prices per million
         tokens); None: genai-prices and ``$AGENTTAPE_PRICES`` again. Answers kept so far are dropped."""
         self._prices = prices if isinstance(prices, Prices) or prices is None else Prices.load(prices)
-        self._memo, self._memo_version = {}, None
+        self._forget_memo()
         self._costs_of = None
         self._experiment_summaries = {}
 
@@ -97,6 +135,7 @@ class Tapes:
         what the read model keeps for it."""
         forget_kept(self.reader)
         forget_scores(self.reader)
+        self._forget_memo()
         if self._owns:
             close = getattr(self.reader, "close", None)
             if close is not None:
@@ -114,20 +153,32 @@ class Tapes:
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
         """``compute()``, kept under ``key`` until the store changes (``kept.store_version``: a DuckDB
         store, which only ever gains spans); on a store without a version, computed every time. For
-        answers that are not changed once returned (the console's JSON)."""
+        answers that are not changed once returned (the console's JSON). Kept answers count under the
+        read model's bound (``read_memory``): one that does not fit is returned, not kept."""
         version = store_version(self.reader)
         if version is None:
             return compute()
         if version != self._memo_version:
-            self._memo, self._memo_version = {}, version
-        if key in self._memo:
-            return self._memo[key]
+            self._forget_memo()
+            self._memo_version = version
+        kept = self._memo.get(key)
+        if kept is not None:
+            return kept[0]
         value = compute()
         if store_version(self.reader) == version:  # not written to meanwhile
             if len(self._memo) >= MEMO_ENTRIES:
-                self._memo.clear()
-            self._memo[key] = value
+                self._forget_memo()
+                self._memo_version = version
+            size = _answer_bytes(value)
+            if memory.fits(size):
+                self._memo[key] = (value, size)
+                self._memo_bytes += size
         return value
+
+    def _forget_memo(self) -> None:
+        """Let go of every kept answer (the store changed, prices changed, or the read model's memory is
+        released)."""
+        self._memo, self._memo_version, self._memo_bytes = {}, None, 0
 
     # --- runs -------------------------------------------------------------------------------------
 
@@ -404,7 +455,7 @@ class Tapes:
                                 parquet=parquet, lakes=lakes, wal=wal, outbox=outbox)
         finally:
             self.reader = open_duckdb(path)
-            self._memo, self._memo_version = {}, None
+            self._forget_memo()
             self._experiment_summaries = {}
         return result.to_json()
 
@@ -430,7 +481,7 @@ class Tapes:
                                  content_only=content_only, dry_run=dry_run, today=today)
         finally:
             self.reader = open_duckdb(path)
-            self._memo, self._memo_version = {}, None
+            self._forget_memo()
 
     def resume_index(self, ref: str, **kwargs: Any) -> Any:
         """The run's ``ResumeIndex``: a bare run id reads every trace of that run id (a resumed run goes on
