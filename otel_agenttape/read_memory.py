@@ -7,8 +7,9 @@ scores and the console's kept steps and trees (``Tapes.memo``). Pages are then c
 instead of read again. All of it, over every reader of the process, stays under ``limit()`` bytes
 (default 64 MiB; a receiver sets it to its ``--memory-limit`` share, ``receiver/memory.py``): keys,
 scores or answers that would not fit are not kept, and the pages they would have served are read
-from the store, as on a reader with no version; the oldest summaries go first. Nothing is left out of an answer: only what is kept for the next one. ``release()`` lets go of
-all of it (a receiver does after a quiet spell).
+from the store, as on a reader with no version; the oldest summaries go first. Nothing is left out
+of an answer: only what is kept for the next one. ``release()`` lets go of all of it (a receiver
+does after a quiet spell).
 """
 
 from __future__ import annotations

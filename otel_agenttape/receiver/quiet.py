@@ -18,9 +18,9 @@ per quiet spell:
 Each comes back when it is needed: the converters at the next backlog, or at the next request for a
 server that keeps them running (``ConvertPool.restart_on_use``); until they run, requests are
 prepared in the main process, as before they first started. Cached blocks are read again from the
-file (the OS page cache usually still holds it), the read model keeps again as it reads, and code pages are read back as the code runs (the
-first request after a release pays those page faults). ``bench/idle_memory.py`` measures what this
-gives, and what the next request takes.
+file (the OS page cache usually still holds it), the read model keeps again as it reads, and code
+pages are read back as the code runs (the first request after a release pays those page faults).
+``bench/idle_memory.py`` measures what this gives, and what the next request takes.
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ class QuietRelease:
         # what must hold still while the store's limit is low: queries on cursors of their own, outside
         # the store's read gate (the lake publisher's; the server sets it)
         self.hold: Callable[[], ContextManager[Any]] | None = None
-        self.page_code = True  # hand the libraries' resident pages back too (``code_pages``)
 
     def stored(self) -> None:
         """A write reached the store: the quiet spell starts again."""
@@ -96,8 +95,7 @@ class QuietRelease:
                 log.warning("could not release the store's cached blocks: %s", exc)
         out["read_bytes"] = read_memory.release()
         release_allocators()  # Arrow's pool and glibc's heap (prepare.py: a converter does it too)
-        if self.page_code:
-            out["code_bytes"] = page_out()
+        out["code_bytes"] = page_out()
         if self.metrics is not None:
             self.metrics.inc("agenttape_quiet_releases_total")
             self.metrics.inc("agenttape_quiet_released_store_bytes_total", out["store_bytes"])

@@ -554,9 +554,7 @@ cdef object _row(const char* ap, Py_ssize_t an, object evs, object tid, object s
             return None
     at_hw_final(&w, lh)
     # the link: sha256(prev || "|" || hex(leaf hash)), compared with the stored chain hash
-    for i in range(32):
-        hexed[2 * i] = _HEX[lh[i] >> 4]
-        hexed[2 * i + 1] = _HEX[lh[i] & 15]
+    _hex32(hexed, lh)
     at_hw_init(&w)
     _put(&w, prev.p, prev.n)
     _put(&w, "|", 1)
@@ -565,9 +563,9 @@ cdef object _row(const char* ap, Py_ssize_t an, object evs, object tid, object s
     if PyUnicode_GET_LENGTH(c_hash) != 64 or not PyUnicode_IS_ASCII(c_hash):
         return None
     kp = <const char*>PyUnicode_DATA(c_hash)
-    for i in range(32):
-        if kp[2 * i] != _HEX[dig[i] >> 4] or kp[2 * i + 1] != _HEX[dig[i] & 15]:
-            return None
+    _hex32(hexed, dig)  # (the leaf's hex is no longer needed)
+    if memcmp(kp, hexed, 64) != 0:
+        return None
     return PyBytes_FromStringAndSize(<char*>lh, 32)
 
 
